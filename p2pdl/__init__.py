@@ -1,0 +1,34 @@
+"""p2pdl: collaborative deep learning over the internet (DeDLOC), on py-libp2p.
+
+Layers, bottom to top (docs/architecture.md has the map):
+
+* ``p2pdl.net`` -- the libp2p host: TCP + Noise + Yamux, identity, peers.
+* ``p2pdl.wire`` -- framing, typed messages, tensor frames, flow control, RPC.
+* ``p2pdl._node`` -- the node: :func:`open_node` (trio), :class:`Node` (sync,
+  with ``node.aio`` for asyncio).
+* ``p2pdl.cli`` -- the ``p2pdl`` command.
+* ``p2pdl.testing`` -- real nodes on loopback for tests and simulations.
+"""
+
+from ._node import AsyncioNode as AsyncioNode
+from ._node import Node as Node
+from ._node import NodeConfig as NodeConfig
+from ._node import TrioNode as TrioNode
+from ._node import open_node as open_node
+from ._version import __version__ as __version__
+from .errors import CallTimeoutError as CallTimeoutError
+from .errors import ConfigError as ConfigError
+from .errors import IdentityError as IdentityError
+from .errors import LocalProtocolError as LocalProtocolError
+from .errors import NodeClosedError as NodeClosedError
+from .errors import P2PDLError as P2PDLError
+from .errors import PeerUnreachableError as PeerUnreachableError
+from .errors import ProtocolNotSupportedError as ProtocolNotSupportedError
+from .errors import RemoteError as RemoteError
+from .errors import RemoteProtocolError as RemoteProtocolError
+from .errors import RequestError as RequestError
+from .errors import StreamClosedError as StreamClosedError
+from .net import HostConfig as HostConfig
+from .wire import Message as Message
+from .wire import RpcProtocol as RpcProtocol
+from .wire import WireConfig as WireConfig

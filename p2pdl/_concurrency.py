@@ -1,0 +1,32 @@
+"""Structured-concurrency helpers shared by every layer (imports nothing of p2pdl)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+
+@asynccontextmanager
+async def open_service_nursery() -> AsyncIterator[trio.Nursery]:
+    """A nursery for background services around a ``yield``.
+
+    Trio wraps whatever the body of ``async with trio.open_nursery()`` raises
+    in an :class:`ExceptionGroup`.  For context managers that run services
+    around user code (a node, a stream), that would turn a user's own
+    ``ValueError``, or a :class:`~p2pdl.errors.RemoteProtocolError`, into a
+    group.  Here the body's exception cancels the services and then
+    propagates unchanged; only a service's own crash is reported as a group.
+    """
+    body_error: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        try:
+            yield nursery
+        except trio.Cancelled:
+            raise  # belongs to a cancel scope; trio routes it there
+        except BaseException as exc:
+            body_error = exc
+            nursery.cancel_scope.cancel()
+    if body_error is not None:
+        raise body_error

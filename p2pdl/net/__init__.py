@@ -1,0 +1,24 @@
+"""Host layer: the py-libp2p host every other layer runs on.
+
+Modules:
+
+* ``config`` -- :class:`HostConfig` and :class:`BackoffPolicy`, documented defaults.
+* ``_host`` -- :func:`open_host` and :class:`Host`: TCP + Noise + Yamux only,
+  connection reuse, initial peers with retries and backoff, error mapping.
+* ``_identity`` -- the persistent ed25519 identity file.
+* ``_addrs`` -- parsing of peer ids and multiaddrs given by users.
+* ``_backoff`` -- retry delays (sans-IO).
+"""
+
+from ._addrs import parse_multiaddr as parse_multiaddr
+from ._addrs import parse_peer_addr as parse_peer_addr
+from ._addrs import parse_peer_id as parse_peer_id
+from ._backoff import Backoff as Backoff
+from ._host import MUXER_PROTOCOLS as MUXER_PROTOCOLS
+from ._host import SECURITY_PROTOCOLS as SECURITY_PROTOCOLS
+from ._host import Host as Host
+from ._host import open_host as open_host
+from ._identity import load_identity as load_identity
+from ._identity import load_or_create_identity as load_or_create_identity
+from .config import BackoffPolicy as BackoffPolicy
+from .config import HostConfig as HostConfig

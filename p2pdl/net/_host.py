@@ -1,0 +1,433 @@
+"""The p2pdl host: py-libp2p with TCP, Noise and Yamux only.
+
+This module absorbs py-libp2p's sharp edges once for every layer above it
+(see ../shared/notes/py-libp2p-0.8.1.md in the project's notes):
+
+* Plaintext, SECIO and TLS are not offered or accepted: Noise only.  Yamux
+  only (no Mplex).  TCP only.
+* One connection per peer, reused by every stream.  py-libp2p waits 250 ms
+  ("happy eyeballs") after each dial unless the per-peer connection quota is
+  filled, so the quota is 1: a connect takes milliseconds, not 250 ms.
+* py-libp2p retries dials itself and then blocks a peer for 60 s after a
+  failure; the host retries on its own schedule instead (``connect``), so
+  both are switched off for the dials it makes.
+* py-libp2p's auto-connector (dial known peers until 150 connections) is off:
+  the layers above choose their peers.
+* Errors are mapped to p2pdl's: :class:`PeerUnreachableError`,
+  :class:`ProtocolNotSupportedError`, :class:`StreamClosedError`.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
+from libp2p.host.exceptions import StreamFailure
+from libp2p.network.config import ConnectionConfig, RetryConfig
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import PeerInfo
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+from multiaddr.utils import get_network_addrs
+
+from .._concurrency import open_service_nursery
+from ..errors import (
+    CallTimeoutError,
+    ConfigError,
+    PeerUnreachableError,
+    ProtocolNotSupportedError,
+    RemoteProtocolError,
+    StreamClosedError,
+)
+from ._addrs import PeerIDLike, parse_multiaddr, parse_peer_addr, parse_peer_id
+from ._backoff import Backoff
+from ._identity import load_or_create_identity
+from .config import HostConfig
+
+__all__ = ["Host", "open_host", "SECURITY_PROTOCOLS", "MUXER_PROTOCOLS"]
+
+logger = logging.getLogger(__name__)
+
+# py-libp2p logs with propagate=False and no handler; let records reach the
+# application's logging configuration like every other library's.
+logging.getLogger("libp2p").propagate = True
+
+#: The only security and muxer protocols a p2pdl host speaks.
+SECURITY_PROTOCOLS = (str(NOISE_PROTOCOL_ID),)
+MUXER_PROTOCOLS = (str(YAMUX_PROTOCOL_ID),)
+
+#: Peers whose dialled addresses the host remembers (least recently used dropped).
+MAX_KNOWN_PEERS = 10_000
+
+StreamHandler = Callable[[INetStream], Awaitable[None]]
+
+
+def _build_libp2p_host(key_pair: KeyPair, config: HostConfig) -> IHost:
+    listen = [parse_multiaddr(a, "listen address") for a in config.listen]
+    for addr in listen:
+        names = [p.name for p in addr.protocols()]
+        if names[:1] not in (["ip4"], ["ip6"]) or names[1:] != ["tcp"]:
+            raise ConfigError(f"listen address {addr} must be /ip4/<ip>/tcp/<port> or "
+                              f"/ip6/<ip>/tcp/<port>")
+    announce = [parse_multiaddr(a, "announce address") for a in config.announce]
+    noise = NoiseTransport(key_pair, noise_privkey=create_x25519_key_pair().private_key)
+    connection_config = ConnectionConfig(
+        max_connections_per_peer=1,
+        dial_timeout=config.dial_timeout,
+        outbound_upgrade_timeout=config.dial_timeout,
+        inbound_upgrade_timeout=config.dial_timeout,
+        outbound_stream_protocol_negotiation_timeout=config.stream_open_timeout,
+        inbound_stream_protocol_negotiation_timeout=config.stream_open_timeout,
+    )
+    host = new_host(
+        key_pair=key_pair,
+        sec_opt={NOISE_PROTOCOL_ID: noise},
+        muxer_opt={YAMUX_PROTOCOL_ID: Yamux},
+        listen_addrs=listen,
+        announce_addrs=announce or None,
+        connection_config=connection_config,
+        negotiate_timeout=max(1, int(config.stream_open_timeout)),
+    )
+    swarm = host.get_network()
+    # Retries are ours (Host.connect), on a schedule the caller controls.
+    swarm.retry_config = RetryConfig(max_retries=0)  # type: ignore[attr-defined]
+    # Whom to connect to is decided above (initial peers, the DHT): switch off
+    # the auto-connector, which dials every known peer up to 150 connections.
+    swarm.auto_connector.maybe_connect = _no_auto_connect  # type: ignore[attr-defined]
+    return host
+
+
+async def _no_auto_connect() -> None:
+    return None
+
+
+class _ConnectionWatcher(INotifee):
+    """Wakes waiters whenever a connection opens or closes."""
+
+    def __init__(self) -> None:
+        self.changed = trio.Event()
+
+    def _wake(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        self._wake()
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        self._wake()
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        pass
+
+    async def listen(self, network: INetwork, multiaddr: multiaddr.Multiaddr) -> None:
+        pass
+
+    async def listen_close(self, network: INetwork, multiaddr: multiaddr.Multiaddr) -> None:
+        pass
+
+
+class Host:
+    """A running libp2p host.  Obtain one from :func:`open_host`."""
+
+    def __init__(self, libp2p_host: IHost, config: HostConfig) -> None:
+        self._host = libp2p_host
+        self._config = config
+        self._watcher = _ConnectionWatcher()
+        libp2p_host.get_network().register_notifee(self._watcher)
+        self._inbound: collections.Counter[ID] = collections.Counter()
+        # Addresses we dialled, kept beyond py-libp2p's 2-minute peerstore TTL
+        # so that a dropped connection can be re-dialled later (bounded, LRU).
+        self._known_addrs: collections.OrderedDict[ID, tuple[multiaddr.Multiaddr, ...]] = (
+            collections.OrderedDict())
+
+    @property
+    def libp2p(self) -> IHost:
+        """The underlying py-libp2p host (for layers that need its protocols)."""
+        return self._host
+
+    @property
+    def peer_id(self) -> ID:
+        return self._host.get_id()
+
+    @property
+    def config(self) -> HostConfig:
+        return self._config
+
+    def listen_addrs(self) -> list[multiaddr.Multiaddr]:
+        """Transport addresses we listen on; a wildcard becomes one per interface."""
+        out: list[multiaddr.Multiaddr] = []
+        for addr in self._host.get_transport_addrs():
+            out.extend(_expand_wildcard(addr))
+        return out
+
+    def addrs(self) -> list[str]:
+        """Full addresses (``.../p2p/<id>``) other peers can use to reach us."""
+        suffix = f"/p2p/{self.peer_id}"
+        if self._config.announce:
+            base = [parse_multiaddr(a) for a in self._config.announce]
+        else:
+            base = self.listen_addrs()
+        seen: dict[str, None] = {}
+        for addr in base:
+            text = str(addr)
+            if "/p2p/" in text:
+                text = text.split("/p2p/")[0]
+            seen.setdefault(text + suffix)
+        return list(seen)
+
+    def is_connected(self, peer: ID) -> bool:
+        return bool(self._host.get_network().connections.get(peer))
+
+    def connected_peers(self) -> list[ID]:
+        return [p for p, conns in self._host.get_network().connections.items() if conns]
+
+    async def wait_connections_changed(self, timeout: float) -> None:
+        """Return when a connection opens or closes, or after ``timeout`` seconds."""
+        with trio.move_on_after(timeout):
+            await self._watcher.changed.wait()
+
+    async def connect(self, address: str | multiaddr.Multiaddr | PeerInfo,
+                      timeout: float | None = None) -> ID:
+        """Connect to a peer by its full address; reuse the connection if there is one.
+
+        Raises :class:`PeerUnreachableError` if the peer cannot be reached within
+        ``timeout`` (default ``dial_timeout``), and :class:`ConfigError` for an
+        address that is not a full peer address.
+        """
+        info = parse_peer_addr(address)
+        if info.peer_id == self.peer_id:
+            raise ConfigError(f"{address} is this node's own address")
+        await self._dial(info, timeout)
+        return info.peer_id
+
+    async def ensure_connected(self, peer: PeerIDLike, timeout: float | None = None) -> ID:
+        """Make sure a connection exists, dialling the peer's known addresses if needed."""
+        peer_id = parse_peer_id(peer)
+        if not self.is_connected(peer_id):
+            addrs = self._known_addrs.get(peer_id)
+            if not addrs:
+                try:
+                    addrs = self._host.get_peerstore().addrs(peer_id)
+                except Exception:  # py-libp2p raises for unknown or expired peers
+                    addrs = []
+            if not addrs:
+                raise PeerUnreachableError(f"no known address for peer {peer_id}; "
+                                           f"connect to it by its full address first")
+            await self._dial(PeerInfo(peer_id, list(addrs)), timeout)
+        return peer_id
+
+    async def _dial(self, info: PeerInfo, timeout: float | None) -> None:
+        if self.is_connected(info.peer_id):
+            return
+        # Our own schedule decides retries: lift py-libp2p's 60 s block.
+        self._host.get_network().unblock_peer(info.peer_id)  # type: ignore[attr-defined]
+        timeout = self._config.dial_timeout if timeout is None else timeout
+        self._remember(info)
+        with trio.move_on_after(timeout) as scope:
+            try:
+                await self._host.connect(info)
+            except Exception as exc:
+                raise PeerUnreachableError(
+                    f"cannot connect to {info.peer_id} at "
+                    f"{', '.join(str(a) for a in info.addrs)}: {_reason(exc)}") from None
+        if scope.cancelled_caught:
+            raise PeerUnreachableError(f"cannot connect to {info.peer_id}: no answer within "
+                                       f"{timeout:.1f} s")
+
+    def _remember(self, info: PeerInfo) -> None:
+        self._known_addrs[info.peer_id] = tuple(info.addrs)
+        self._known_addrs.move_to_end(info.peer_id)
+        while len(self._known_addrs) > MAX_KNOWN_PEERS:
+            self._known_addrs.popitem(last=False)
+
+    async def new_stream(self, peer: PeerIDLike, protocol_id: str,
+                         timeout: float | None = None) -> INetStream:
+        """Open a stream speaking ``protocol_id`` on the (reused) connection to ``peer``."""
+        timeout = self._config.stream_open_timeout if timeout is None else timeout
+        peer_id = await self.ensure_connected(peer, timeout=self._config.dial_timeout)
+        with trio.move_on_after(timeout) as scope:
+            try:
+                return await self._host.new_stream(peer_id, [protocol_id])  # type: ignore[list-item]
+            except StreamFailure as exc:
+                reason = _reason(exc)
+                if "not supported" in reason.lower() or "na" == reason.strip():
+                    raise ProtocolNotSupportedError(
+                        f"peer {peer_id} does not support {protocol_id}") from None
+                raise StreamClosedError(f"cannot open {protocol_id} to {peer_id}: "
+                                        f"{reason}") from None
+            except Exception as exc:
+                raise StreamClosedError(f"cannot open {protocol_id} to {peer_id}: "
+                                        f"{_reason(exc)}") from None
+        assert scope.cancelled_caught
+        raise CallTimeoutError(f"opening {protocol_id} to {peer_id} took over {timeout:.1f} s")
+
+    def set_stream_handler(self, protocol_id: str, handler: StreamHandler) -> None:
+        """Serve ``protocol_id``: ``handler`` runs once per incoming stream.
+
+        A peer may have at most ``max_inbound_streams_per_peer`` handler streams
+        at once; more are reset.  A :class:`RemoteProtocolError` or
+        :class:`StreamClosedError` escaping the handler is logged, not raised:
+        the node keeps serving everyone else.
+        """
+        limit = self._config.max_inbound_streams_per_peer
+
+        async def run_handler(stream: INetStream) -> None:
+            peer = stream.muxed_conn.peer_id
+            if self._inbound[peer] >= limit:
+                logger.warning("peer %s has %d streams open to us; resetting a new %s stream",
+                               peer, limit, protocol_id)
+                with trio.move_on_after(2):
+                    await stream.reset()
+                return
+            self._inbound[peer] += 1
+            try:
+                await handler(stream)
+            except RemoteProtocolError as exc:
+                logger.info("%s from %s: protocol error, stream reset: %s", protocol_id, peer, exc)
+            except StreamClosedError as exc:
+                logger.debug("%s from %s: %s", protocol_id, peer, exc)
+            except Exception:
+                logger.exception("handler of %s failed on a stream from %s", protocol_id, peer)
+                with trio.move_on_after(2):
+                    await stream.reset()
+            finally:
+                self._inbound[peer] -= 1
+                if self._inbound[peer] <= 0:
+                    del self._inbound[peer]
+
+        self._host.set_stream_handler(protocol_id, run_handler)  # type: ignore[arg-type]
+
+    async def serve_initial_peers(
+            self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect to every initial peer and reconnect whenever a connection drops."""
+        infos = [parse_peer_addr(a, "initial peer") for a in self._config.initial_peers]
+        async with trio.open_nursery() as nursery:
+            for info in infos:
+                if info.peer_id != self.peer_id:
+                    nursery.start_soon(self._keep_connected, info)
+            task_status.started()
+
+    async def _keep_connected(self, info: PeerInfo) -> None:
+        backoff = Backoff(self._config.initial_peer_backoff)
+        retries = self._config.initial_peer_retries
+        while True:
+            if self.is_connected(info.peer_id):
+                backoff.reset()
+                await self.wait_connections_changed(self._config.reconnect_check_interval)
+                continue
+            try:
+                await self._dial(info, None)
+                logger.info("connected to initial peer %s", info.peer_id)
+                continue
+            except PeerUnreachableError as exc:
+                delay = backoff.next_delay()
+                if retries is not None and backoff.failures >= retries:
+                    logger.warning("giving up on initial peer %s after %d attempts: %s",
+                                   info.peer_id, backoff.failures, exc)
+                    return
+                logger.info("initial peer %s unreachable (attempt %d), retrying in %.1f s: %s",
+                            info.peer_id, backoff.failures, delay, exc)
+            await trio.sleep(delay)
+
+
+async def _close_listeners(libp2p_host: IHost) -> None:
+    with trio.CancelScope(shield=True), trio.move_on_after(5):
+        for listener in list(libp2p_host.get_network().listeners.values()):  # type: ignore[attr-defined]
+            try:
+                await listener.close()
+            except Exception:  # closing is best effort; the socket may be gone
+                logger.debug("closing a listener failed", exc_info=True)
+
+
+def _expand_wildcard(addr: multiaddr.Multiaddr) -> list[multiaddr.Multiaddr]:
+    """``/ip4/0.0.0.0/tcp/P`` as the concrete addresses of every interface (loopback too)."""
+    names = [p.name for p in addr.protocols()]
+    if names != ["ip4", "tcp"] and names != ["ip6", "tcp"]:
+        return [addr]
+    ip, port = addr.value_for_protocol(names[0]), addr.value_for_protocol("tcp")
+    if ip not in ("0.0.0.0", "::"):
+        return [addr]
+    version = 4 if names[0] == "ip4" else 6
+    try:
+        ips = list(get_network_addrs(version) or [])
+    except Exception:  # interface enumeration is best effort
+        ips = []
+    loopback = "127.0.0.1" if version == 4 else "::1"
+    if loopback not in ips:
+        ips.append(loopback)
+    return [multiaddr.Multiaddr(f"/{names[0]}/{ip}/tcp/{port}") for ip in ips]
+
+
+def _reason(exc: BaseException) -> str:
+    """The innermost useful message of a py-libp2p exception chain."""
+    seen = []
+    while exc is not None and len(seen) < 8:
+        seen.append(str(exc) or type(exc).__name__)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return seen[-1] if seen else "unknown error"
+
+
+@asynccontextmanager
+async def open_host(config: HostConfig | None = None,
+                    key_pair: KeyPair | None = None) -> AsyncIterator[Host]:
+    """Run a host for the duration of the block.
+
+    The identity comes from ``key_pair``, else from ``config.identity_path``
+    (created there on first use), else it is new.  Initial peers are dialled in
+    the background, with retries, while the block runs.
+    """
+    config = config or HostConfig()
+    if key_pair is None:
+        key_pair = (load_or_create_identity(config.identity_path) if config.identity_path
+                    else create_new_key_pair())
+    for a in config.initial_peers:
+        parse_peer_addr(a, "initial peer")  # report bad user input before starting
+    libp2p_host = _build_libp2p_host(key_pair, config)
+    listen = [parse_multiaddr(a) for a in config.listen]
+    host = Host(libp2p_host, config)
+    # Errors are raised after py-libp2p's nurseries have closed, so that the
+    # caller sees them as they are, not wrapped in an ExceptionGroup.
+    error: BaseException | None = None
+    async with AsyncExitStack() as stack:
+        # py-libp2p serves its TCP listeners from a system task that outlives
+        # host.run(); close them ourselves so that nothing is left running.
+        stack.push_async_callback(_close_listeners, libp2p_host)
+        try:
+            await stack.enter_async_context(libp2p_host.run(listen))
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {', '.join(config.listen)}: "
+                              f"{exc.strerror or exc}") from None
+        # py-libp2p logs a failed listen (port in use...) and carries on.
+        if len(libp2p_host.get_transport_addrs()) < len(listen):
+            error = ConfigError(f"cannot listen on {', '.join(config.listen)}: the address is "
+                                f"in use or not available on this machine")
+        else:
+            try:
+                async with open_service_nursery() as nursery:
+                    if config.initial_peers:
+                        await nursery.start(host.serve_initial_peers)
+                    try:
+                        yield host
+                    finally:
+                        nursery.cancel_scope.cancel()
+            except trio.Cancelled:
+                raise
+            except BaseException as exc:
+                error = exc
+    if error is not None:
+        raise error

@@ -1,0 +1,170 @@
+"""Frame layer of the p2pdl wire: bytes in, frames out.  No I/O here.
+
+A frame is ``kind (1 byte) | payload length (u32, big-endian) | payload``.
+Kinds are MESSAGE (a msgpack envelope), TENSOR (a tensor header and raw
+bytes) and CREDIT (flow-control credit).  See protocols/wire.md.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import sys
+from collections.abc import Callable
+from typing import NamedTuple
+
+from ..errors import LocalProtocolError, RemoteProtocolError
+from .config import FRAME_HEADER_SIZE, MAX_FRAME_PAYLOAD
+
+_HEADER = struct.Struct(">BI")
+_CREDIT = struct.Struct(">I")
+
+class FrameKind(enum.IntEnum):
+    MESSAGE = 1
+    TENSOR = 2
+    CREDIT = 3
+
+
+class Frame(NamedTuple):
+    kind: FrameKind
+    payload: bytearray
+
+    @property
+    def wire_size(self) -> int:
+        """Bytes this frame took on the wire, header included (what credit counts)."""
+        return FRAME_HEADER_SIZE + len(self.payload)
+
+
+def frame_header(kind: FrameKind, payload_length: int) -> bytes:
+    if payload_length > MAX_FRAME_PAYLOAD:
+        raise LocalProtocolError(
+            f"frame payload of {payload_length} bytes exceeds the protocol limit "
+            f"of {MAX_FRAME_PAYLOAD} bytes"
+        )
+    return _HEADER.pack(kind, payload_length)
+
+
+def encode_credit(increment: int) -> bytes:
+    if not 0 < increment < 2**32:
+        raise LocalProtocolError(f"credit increment {increment} out of range")
+    return _HEADER.pack(FrameKind.CREDIT, _CREDIT.size) + _CREDIT.pack(increment)
+
+
+def decode_credit(payload: bytes | bytearray) -> int:
+    if len(payload) != _CREDIT.size:
+        raise RemoteProtocolError(f"CREDIT frame payload must be 4 bytes, got {len(payload)}")
+    (increment,) = _CREDIT.unpack(payload)
+    if increment == 0:
+        raise RemoteProtocolError("CREDIT frame with a zero increment")
+    return increment
+
+
+class BufferPool:
+    """Reuses large receive buffers once nothing outside the pool refers to them.
+
+    Allocating (and zeroing, and page-faulting) a fresh megabyte for every
+    received chunk costs about as much as the rest of the receive path; a
+    buffer is reused only when its reference count shows that the consumer
+    dropped every chunk, view and tensor built on it, so reuse is invisible.
+    At most ``max_buffers`` buffers are tracked.
+    """
+
+    MIN_SIZE = 64 * 1024
+
+    def __init__(self, max_buffers: int) -> None:
+        self._max = max_buffers
+        self._buffers: list[bytearray] = []
+
+    def __call__(self, length: int) -> bytearray:
+        if length >= self.MIN_SIZE:
+            for buf in self._buffers:
+                # References: the list, the loop variable, getrefcount's argument.
+                if len(buf) == length and sys.getrefcount(buf) <= 3:
+                    return buf
+        buf = bytearray(length)
+        if length >= self.MIN_SIZE:
+            if len(self._buffers) >= self._max:
+                self._buffers.pop(0)
+            self._buffers.append(buf)
+        return buf
+
+
+class FrameDecoder:
+    """Turns a byte stream into frames, enforcing size limits as early as possible.
+
+    An oversized frame is rejected as soon as its header arrives, before any of
+    its payload is buffered.  Each payload is copied exactly once, into a
+    buffer of its own that the frame then owns (writable, so tensors can be
+    built on it without another copy).  ``feed`` raises
+    :class:`RemoteProtocolError` on any violation; after that the decoder must
+    not be used again.
+    """
+
+    def __init__(self, *, max_message_size: int, max_tensor_frame_size: int,
+                 alloc: Callable[[int], bytearray] = bytearray) -> None:
+        self._alloc = alloc
+        self._limits = {
+            FrameKind.MESSAGE: max_message_size,
+            FrameKind.TENSOR: max_tensor_frame_size,
+            FrameKind.CREDIT: _CREDIT.size,
+        }
+        self._header = bytearray()
+        self._kind = FrameKind.MESSAGE
+        self._payload: bytearray | None = None
+        self._filled = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held that do not yet form a whole frame."""
+        return len(self._header) + self._filled
+
+    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+        frames: list[Frame] = []
+        view = memoryview(data).cast("B")
+        pos, end = 0, len(view)
+        while pos < end:
+            payload = self._payload
+            if payload is None:
+                take = min(FRAME_HEADER_SIZE - len(self._header), end - pos)
+                self._header += view[pos : pos + take]
+                pos += take
+                if len(self._header) == FRAME_HEADER_SIZE:
+                    self._start_frame(frames)
+                continue
+            take = min(len(payload) - self._filled, end - pos)
+            payload[self._filled : self._filled + take] = view[pos : pos + take]
+            self._filled += take
+            pos += take
+            if self._filled == len(payload):
+                frames.append(Frame(self._kind, payload))
+                self._payload = None
+                self._filled = 0
+        return frames
+
+    def _start_frame(self, frames: list[Frame]) -> None:
+        raw_kind, length = _HEADER.unpack(self._header)
+        self._header.clear()
+        try:
+            kind = FrameKind(raw_kind)
+        except ValueError:
+            raise RemoteProtocolError(f"unknown frame kind {raw_kind}") from None
+        limit = self._limits[kind]
+        if length > limit:
+            raise RemoteProtocolError(
+                f"{kind.name} frame of {length} bytes exceeds the limit of {limit} bytes"
+            )
+        if kind is FrameKind.CREDIT and length != _CREDIT.size:
+            raise RemoteProtocolError(f"CREDIT frame payload must be 4 bytes, got {length}")
+        if length == 0:
+            frames.append(Frame(kind, bytearray()))
+            return
+        self._kind = kind
+        self._payload = self._alloc(length)
+        self._filled = 0
+
+    def check_complete(self) -> None:
+        """Called at end of stream: a partial frame means the peer truncated it."""
+        if self.buffered or self._payload is not None:
+            raise RemoteProtocolError(
+                f"stream ended inside a frame ({self.buffered} bytes of it received)"
+            )

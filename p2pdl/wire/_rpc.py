@@ -1,0 +1,299 @@
+"""Request/response over p2pdl streams.
+
+A caller keeps one long-lived stream per (peer, protocol) and multiplexes
+concurrent requests on it by request id; a response echoes its request's id.
+This costs one round trip per call instead of a stream opening (multistream
+negotiation) per call.  The server handles up to ``max_inflight_requests``
+requests of a stream at once; beyond that it stops consuming, and credit flow
+control holds the caller back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+import trio
+from libp2p.abc import INetStream
+from libp2p.peer.id import ID
+
+from .._concurrency import open_service_nursery
+from ..errors import (
+    CallTimeoutError,
+    LocalProtocolError,
+    NodeClosedError,
+    P2PDLError,
+    RemoteError,
+    RemoteProtocolError,
+    RequestError,
+    StreamClosedError,
+)
+from ..net import Host
+from ..net._addrs import PeerIDLike, parse_peer_id
+from ._messages import ErrorReply, Message, MessageSet
+from ._stream import FramedStream, open_framed_stream
+from ._tensor import TensorChunk
+from .config import WireConfig
+
+__all__ = ["RpcProtocol", "RequestContext", "RpcClient", "serve_rpc_stream", "ERROR_CODES"]
+
+logger = logging.getLogger(__name__)
+
+#: Error codes of :class:`ErrorReply` defined by the wire (protocols/wire.md).
+ERROR_CODES = {
+    "bad_request": "the request was well-formed but its content is invalid",
+    "unavailable": "the peer cannot serve this request now",
+    "timeout": "the handler did not finish within its time limit",
+    "internal": "the handler failed unexpectedly",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RpcProtocol:
+    """A request/response protocol: its id and the message types of each direction."""
+
+    protocol_id: str
+    requests: MessageSet
+    responses: MessageSet
+
+    @classmethod
+    def define(cls, protocol_id: str, requests: Iterable[type[Message]],
+               responses: Iterable[type[Message]]) -> RpcProtocol:
+        if not protocol_id.startswith("/"):
+            raise ValueError(f"protocol id {protocol_id!r} must start with '/'")
+        return cls(protocol_id, MessageSet(*requests), MessageSet(*responses, ErrorReply))
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestContext:
+    """What a handler knows about the request besides the message itself."""
+
+    peer_id: ID
+    protocol_id: str
+    request_id: int
+
+
+RpcHandler = Callable[[RequestContext, Message], Awaitable[Message]]
+
+
+async def serve_rpc_stream(stream: FramedStream, protocol: RpcProtocol, handler: RpcHandler,
+                           config: WireConfig) -> None:
+    """Answer requests arriving on ``stream`` until the caller closes its side."""
+    limiter = trio.Semaphore(config.max_inflight_requests)
+    async with open_service_nursery() as nursery:
+        async for request_id, request in stream.iter_messages(protocol.requests):
+            await limiter.acquire()
+            ctx = RequestContext(stream.peer_id, protocol.protocol_id, request_id)
+            nursery.start_soon(_answer, stream, protocol, handler, config, ctx, request, limiter)
+
+
+async def _answer(stream: FramedStream, protocol: RpcProtocol, handler: RpcHandler,
+                  config: WireConfig, ctx: RequestContext, request: Message,
+                  limiter: trio.Semaphore) -> None:
+    try:
+        reply: Message
+        with trio.move_on_after(config.handler_timeout) as scope:
+            try:
+                reply = await handler(ctx, request)
+            except RequestError as exc:
+                reply = ErrorReply(exc.code, exc.message)
+            except RemoteProtocolError as exc:
+                # The handler found the request unacceptable at the protocol
+                # level: reset the stream; the serving loop reports the error.
+                await stream._abort(exc)
+                return
+            except StreamClosedError:
+                return
+            except Exception:
+                logger.exception("%s handler failed on a request from %s",
+                                 protocol.protocol_id, ctx.peer_id)
+                reply = ErrorReply("internal", "the handler failed")
+        if scope.cancelled_caught:
+            reply = ErrorReply("timeout", f"no answer within {config.handler_timeout:.0f} s")
+        if not isinstance(reply, Message) or type(reply) not in protocol.responses:
+            logger.error("%s handler returned %r, which is not a response type of the protocol",
+                         protocol.protocol_id, type(reply).__name__)
+            reply = ErrorReply("internal", "the handler returned an invalid response")
+        await stream.send_message(reply, ctx.request_id)
+    except (StreamClosedError, CallTimeoutError):
+        pass  # the caller went away; nothing to answer
+    finally:
+        limiter.release()
+
+
+_TIMED_OUT = object()
+
+
+class _Pending:
+    __slots__ = ("done", "result", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.result: Message | None = None
+        self.error: BaseException | None = None
+
+
+class _Channel:
+    """One long-lived client stream to a (peer, protocol)."""
+
+    def __init__(self, stream: FramedStream) -> None:
+        self.stream = stream
+        self.pending: dict[int, _Pending] = {}
+        self.ids = itertools.count(1)
+        self.closing = False
+        self.idle_since = trio.current_time()
+
+    async def request(self, message: Message) -> Message:
+        request_id = next(self.ids)
+        slot = self.pending[request_id] = _Pending()
+        try:
+            await self.stream.send_message(message, request_id)
+            await slot.done.wait()
+        finally:
+            self.pending.pop(request_id, None)
+            if not self.pending:
+                self.idle_since = trio.current_time()
+        if slot.error is not None:
+            raise slot.error
+        assert slot.result is not None
+        if isinstance(slot.result, ErrorReply):
+            raise RemoteError(slot.result.code, slot.result.message)
+        return slot.result
+
+    def fail_all(self, error: BaseException) -> None:
+        for slot in self.pending.values():
+            slot.error = error
+            slot.done.set()
+
+
+class RpcClient:
+    """Calls RPC protocols on other peers, reusing one stream per (peer, protocol).
+
+    The streams' tasks run in ``nursery`` (the node's).  After ``aclose`` no
+    new call starts.
+    """
+
+    def __init__(self, host: Host, nursery: trio.Nursery, config: WireConfig) -> None:
+        self._host = host
+        self._nursery = nursery
+        self._config = config
+        self._channels: dict[tuple[ID, str], _Channel] = {}
+        self._opening: dict[tuple[ID, str], trio.Event] = {}
+        self._closed = False
+
+    def open_channels(self) -> int:
+        return len(self._channels)
+
+    async def call(self, peer: PeerIDLike, protocol: RpcProtocol, request: Message,
+                   timeout: float | None = None) -> Message:
+        """Send ``request`` and return the peer's response.
+
+        Raises :class:`CallTimeoutError` after ``timeout`` seconds (default
+        ``call_timeout``), :class:`PeerUnreachableError`,
+        :class:`ProtocolNotSupportedError`, :class:`RemoteError` (the handler
+        answered with an error) or :class:`StreamClosedError`.
+        """
+        if type(request) not in protocol.requests:
+            raise LocalProtocolError(f"{type(request).__name__} is not a request of "
+                                     f"{protocol.protocol_id}")
+        peer_id = parse_peer_id(peer)
+        timeout = self._config.call_timeout if timeout is None else timeout
+        with trio.move_on_after(timeout):
+            channel = await self._channel(peer_id, protocol)
+            return await channel.request(request)
+        raise CallTimeoutError(f"{protocol.protocol_id} call to {peer_id} got no answer "
+                               f"within {timeout:.1f} s")
+
+    async def _channel(self, peer_id: ID, protocol: RpcProtocol) -> _Channel:
+        key = (peer_id, protocol.protocol_id)
+        for _ in range(3):  # a channel may die between two looks; bounded
+            if self._closed:
+                raise NodeClosedError("the node is shut down")
+            channel = self._channels.get(key)
+            if channel is not None and not channel.closing:
+                return channel
+            opening = self._opening.get(key)
+            if opening is not None:
+                await opening.wait()
+                continue
+            opening = self._opening[key] = trio.Event()
+            try:
+                net_stream = await self._host.new_stream(peer_id, protocol.protocol_id)
+                channel = await self._nursery.start(self._run_channel, key, protocol, net_stream)
+                self._channels[key] = channel
+                return channel
+            finally:
+                del self._opening[key]
+                opening.set()
+        raise StreamClosedError(f"could not keep a {protocol.protocol_id} stream to {peer_id}")
+
+    async def _run_channel(self, key: tuple[ID, str], protocol: RpcProtocol,
+                           net_stream: INetStream,
+                           task_status: trio.TaskStatus[_Channel] = trio.TASK_STATUS_IGNORED
+                           ) -> None:
+        channel: _Channel | None = None
+        error: BaseException = StreamClosedError(f"{key[0]} closed the {key[1]} stream")
+        try:
+            async with open_framed_stream(net_stream, self._config) as stream:
+                channel = _Channel(stream)
+                task_status.started(channel)
+                try:
+                    error = await self._dispatch(channel, protocol) or error
+                finally:
+                    self._retire(key, channel, error)
+        except P2PDLError as exc:
+            error = exc
+        finally:
+            if channel is not None:
+                self._retire(key, channel, error)
+
+    def _retire(self, key: tuple[ID, str], channel: _Channel, error: BaseException) -> None:
+        """Take the channel out of use at once, failing whatever still waits on it."""
+        channel.closing = True
+        if self._channels.get(key) is channel:
+            del self._channels[key]
+        channel.fail_all(error)
+
+    async def _dispatch(self, channel: _Channel, protocol: RpcProtocol) -> BaseException | None:
+        """Route responses to their callers until EOF, idleness or an error."""
+        idle = self._config.rpc_idle_timeout
+        stream = channel.stream
+        while True:
+            item: Any = _TIMED_OUT
+            with trio.move_on_after(idle):
+                item = await stream.receive(protocol.responses)
+            if item is None:
+                return None
+            if item is _TIMED_OUT:
+                if not channel.pending and trio.current_time() - channel.idle_since >= idle:
+                    return None
+                continue
+            if isinstance(item, TensorChunk):
+                exc = RemoteProtocolError("tensor chunk on an RPC stream")
+                await stream._abort(exc)
+                return exc
+            request_id, response = item
+            slot = channel.pending.get(request_id)
+            if slot is None:
+                logger.debug("response %d from %s matches no pending request (timed out?)",
+                             request_id, stream.peer_id)
+                continue
+            slot.result = response
+            slot.done.set()
+
+    def close(self) -> None:
+        self._closed = True
+
+
+def handler_for(protocol: RpcProtocol, handler: RpcHandler,
+                config: WireConfig) -> Callable[[INetStream], Awaitable[None]]:
+    """A host stream handler that serves ``protocol`` with ``handler``."""
+
+    async def handle(net_stream: INetStream) -> None:
+        async with open_framed_stream(net_stream, config) as stream:
+            await serve_rpc_stream(stream, protocol, handler, config)
+
+    return handle

@@ -1,0 +1,394 @@
+"""FramedStream: the trio face of one p2pdl stream.
+
+A FramedStream wraps a py-libp2p stream with the p2pdl framing, credit flow
+control and size limits.  Two tasks run in a nursery owned by
+:func:`open_framed_stream`: a reader that drains the muxer continuously into a
+bounded inbox (so a busy consumer never stalls the muxer), and a credit
+writer that returns credit as the application consumes frames (so receiving
+never blocks on a write and stays cancel-safe).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import trio
+from libp2p.network.stream.exceptions import StreamEOF, StreamError
+
+from .._concurrency import open_service_nursery
+from ..errors import (
+    CallTimeoutError,
+    LocalProtocolError,
+    RemoteProtocolError,
+    StreamClosedError,
+)
+from ._flow import ReceiveWindow, SendCredit
+from ._frames import (
+    BufferPool,
+    Frame,
+    FrameDecoder,
+    FrameKind,
+    decode_credit,
+    encode_credit,
+    frame_header,
+)
+from ._messages import Message, MessageSet, encode_message
+from ._tensor import (
+    TensorChunk,
+    TensorHeader,
+    decode_tensor_frame,
+    encode_tensor_frame,
+    iter_tensor_chunks,
+    tensor_bytes,
+)
+from .config import FRAME_HEADER_SIZE, WireConfig
+
+if TYPE_CHECKING:
+    import torch
+    from libp2p.abc import INetStream
+
+__all__ = ["FramedStream", "StreamStatistics", "open_framed_stream"]
+
+logger = logging.getLogger(__name__)
+
+#: How long a closing stream waits for the peer to finish sending before reset.
+CLOSE_LINGER = 2.0
+#: Bound on the reset/close calls made while tearing a stream down.
+TEARDOWN_TIMEOUT = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamStatistics:
+    bytes_sent: int
+    bytes_received: int
+    frames_sent: int
+    frames_received: int
+    send_credit: int
+    buffered_bytes: int
+
+
+class FramedStream:
+    """One p2pdl stream.  Create it with :func:`open_framed_stream`.
+
+    Sending methods wait for credit (at most ``config.send_timeout``); several
+    tasks may send concurrently and each frame goes out whole.  Receiving
+    methods are cancel-safe: a cancelled receive loses nothing.  Errors:
+
+    * :class:`RemoteProtocolError` -- the peer broke the protocol; the stream
+      has been reset.
+    * :class:`StreamClosedError` -- the stream was reset or the connection lost,
+      or (strict receive methods) the peer closed its side.
+    """
+
+    def __init__(self, net_stream: INetStream, config: WireConfig) -> None:
+        self._net = net_stream
+        self._config = config
+        self._decoder = FrameDecoder(
+            max_message_size=config.max_message_size,
+            max_tensor_frame_size=config.max_tensor_frame_size,
+            alloc=BufferPool(max_buffers=config.receive_window // BufferPool.MIN_SIZE // 8 + 4))
+        self._credit = SendCredit()
+        self._window = ReceiveWindow(config.receive_window, config.effective_credit_batch)
+        self._inbox: collections.deque[Frame] = collections.deque()
+        self._inbox_lot = trio.lowlevel.ParkingLot()
+        self._credit_lot = trio.lowlevel.ParkingLot()
+        self._send_lock = trio.Lock()
+        self._write_lock = trio.Lock()
+        self._credit_owed = 0
+        self._credit_wakeup = trio.Event()
+        self._peer_done = trio.Event()  # peer closed its side, or the stream failed
+        self._error: BaseException | None = None
+        self._write_closed = False
+        self._bytes_sent = self._bytes_received = 0
+        self._frames_sent = self._frames_received = 0
+
+    # -- identity ---------------------------------------------------------
+
+    @property
+    def peer_id(self) -> Any:
+        return self._net.muxed_conn.peer_id
+
+    @property
+    def protocol(self) -> str | None:
+        return self._net.get_protocol()
+
+    def statistics(self) -> StreamStatistics:
+        return StreamStatistics(self._bytes_sent, self._bytes_received, self._frames_sent,
+                                self._frames_received, self._credit.available,
+                                self._window.buffered)
+
+    # -- sending ----------------------------------------------------------
+
+    async def send_message(self, message: Message, request_id: int = 0) -> None:
+        """Send one typed message (at most ``max_message_size`` bytes encoded)."""
+        payload = encode_message(message, request_id)
+        await self._send_frame((frame_header(FrameKind.MESSAGE, len(payload)) + payload,),
+                               FRAME_HEADER_SIZE + len(payload))
+
+    async def send_tensor_chunk(self, header: TensorHeader, data: bytes | memoryview,
+                                request_id: int = 0) -> None:
+        """Send one chunk: its header and ``data`` (at most ``max_tensor_frame_size``)."""
+        prefix = encode_tensor_frame(header, len(data), request_id)
+        # One write per frame: the muxer turns every write into its own frames
+        # and encrypted records, which costs more than copying the chunk once.
+        await self._send_frame((prefix + data,), len(prefix) + len(data))
+
+    async def send_tensor(self, tensor: torch.Tensor, *, part: int = 0, request_id: int = 0,
+                          chunk_size: int | None = None) -> int:
+        """Send a CPU tensor as TENSOR frames of ``chunk_size`` bytes; returns the frame count.
+
+        The receiver reassembles it from the headers (shape, offset, count).
+        """
+        dtype, shape, raw = tensor_bytes(tensor)
+        frames = 0
+        for header, data in iter_tensor_chunks(part, dtype, shape, raw,
+                                               chunk_size or self._config.tensor_chunk_size):
+            await self.send_tensor_chunk(header, data, request_id)
+            frames += 1
+        return frames
+
+    async def _send_frame(self, parts: Sequence[bytes | memoryview], size: int) -> None:
+        if self._write_closed:
+            raise LocalProtocolError("stream is closed for writing")
+        async with self._send_lock:
+            self._raise_if_failed()
+            if self._credit.available < size:
+                with trio.move_on_after(self._config.send_timeout) as scope:
+                    while self._credit.available < size:
+                        self._raise_if_failed()
+                        await self._credit_lot.park()
+                if scope.cancelled_caught:
+                    raise CallTimeoutError(
+                        f"peer granted no credit for {self._config.send_timeout:.0f} s "
+                        f"(its consumer is stuck)"
+                    )
+            self._credit.consume(size)
+            await self._write(parts)
+            self._bytes_sent += size
+            self._frames_sent += 1
+
+    async def _write(self, parts: Sequence[bytes | memoryview]) -> None:
+        # A write cut off half-way leaves a partial frame on the wire, so any
+        # failure or cancellation here ends the stream.
+        async with self._write_lock:
+            try:
+                for part in parts:
+                    await self._net.write(part)  # type: ignore[arg-type]
+            except StreamError as exc:
+                self._fail(StreamClosedError(f"stream to {self.peer_id} closed while sending"))
+                raise self._error from exc  # type: ignore[misc]
+            except BaseException:
+                self._fail(StreamClosedError("a send was cancelled mid-frame"))
+                with trio.CancelScope(shield=True):
+                    await self._reset_quietly()
+                raise
+
+    async def close_write(self) -> None:
+        """Tell the peer we will send nothing more (half-close).  Idempotent."""
+        if self._write_closed:
+            return
+        async with self._send_lock:
+            self._write_closed = True
+            async with self._write_lock:
+                try:
+                    await self._net.close_write()
+                except StreamError:
+                    pass
+
+    # -- receiving --------------------------------------------------------
+
+    async def receive(self, messages: MessageSet) -> tuple[int, Message] | TensorChunk | None:
+        """Next incoming item: ``(request_id, message)`` or a :class:`TensorChunk`.
+
+        Returns None once the peer has closed its side and everything it sent
+        was received.  A message whose type is not in ``messages`` is a
+        :class:`RemoteProtocolError`.
+        """
+        frame = await self._next_frame()
+        if frame is None:
+            return None
+        try:
+            if frame.kind is FrameKind.MESSAGE:
+                return messages.decode(frame.payload)
+            return decode_tensor_frame(frame.payload)
+        except RemoteProtocolError as exc:
+            await self._abort(exc)
+            raise
+
+    async def receive_message(self, messages: MessageSet) -> tuple[int, Message]:
+        """Next item, which must be a message; end of stream is a StreamClosedError."""
+        item = await self.receive(messages)
+        if item is None:
+            raise StreamClosedError(f"{self.peer_id} closed the stream")
+        if isinstance(item, TensorChunk):
+            exc = RemoteProtocolError("expected a message, got a tensor chunk")
+            await self._abort(exc)
+            raise exc
+        return item
+
+    async def receive_tensor_chunk(self) -> TensorChunk:
+        """Next item, which must be a tensor chunk; end of stream is a StreamClosedError."""
+        item = await self.receive(_NO_MESSAGES)
+        if item is None:
+            raise StreamClosedError(f"{self.peer_id} closed the stream")
+        assert isinstance(item, TensorChunk)
+        return item
+
+    async def iter_messages(self, messages: MessageSet) -> AsyncIterator[tuple[int, Message]]:
+        """Yield ``(request_id, message)`` until the peer closes its side."""
+        while True:
+            item = await self.receive(messages)
+            if item is None:
+                return
+            if isinstance(item, TensorChunk):
+                exc = RemoteProtocolError("expected a message, got a tensor chunk")
+                await self._abort(exc)
+                raise exc
+            yield item
+
+    async def _next_frame(self) -> Frame | None:
+        if isinstance(self._error, RemoteProtocolError):
+            raise self._error  # nothing more from a peer that broke the protocol
+        while not self._inbox:
+            self._raise_if_failed()
+            if self._peer_done.is_set():
+                return None
+            await self._inbox_lot.park()
+        frame = self._inbox.popleft()
+        grant = self._window.on_consumed(frame.wire_size)
+        if grant:
+            self._credit_owed += grant
+            self._credit_wakeup.set()
+        return frame
+
+    # -- background tasks -------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        net, decoder, read_size = self._net, self._decoder, self._config.read_size
+        try:
+            while True:
+                try:
+                    data = await net.read(read_size)
+                except StreamEOF:
+                    data = b""
+                if not data:
+                    decoder.check_complete()
+                    return
+                self._bytes_received += len(data)
+                for frame in decoder.feed(data):
+                    if frame.kind is FrameKind.CREDIT:
+                        self._credit.grant(decode_credit(frame.payload))
+                        self._credit_lot.unpark_all()
+                    else:
+                        self._window.on_frame(frame.wire_size)
+                        self._frames_received += 1
+                        self._inbox.append(frame)
+                        self._inbox_lot.unpark_all()
+        except RemoteProtocolError as exc:
+            logger.info("protocol error from %s on %s: %s", self.peer_id, self.protocol, exc)
+            await self._abort(exc)
+        except StreamError:
+            self._fail(StreamClosedError(f"stream with {self.peer_id} was reset"))
+        except Exception as exc:  # a muxer fault must not crash the stream's owner
+            logger.debug("reading from %s failed", self.peer_id, exc_info=True)
+            self._fail(StreamClosedError(f"stream with {self.peer_id} failed: {exc!r}"))
+        finally:
+            self._peer_done.set()
+            self._inbox_lot.unpark_all()
+            self._credit_lot.unpark_all()
+
+    async def _credit_loop(self) -> None:
+        while True:
+            await self._credit_wakeup.wait()
+            self._credit_wakeup = trio.Event()
+            owed, self._credit_owed = self._credit_owed, 0
+            if self._error is not None or not owed:
+                continue
+            try:
+                async with self._write_lock:
+                    await self._net.write(encode_credit(owed))
+            except StreamError:
+                self._fail(StreamClosedError(f"stream with {self.peer_id} was reset"))
+
+    # -- failure and teardown ---------------------------------------------
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is None:
+            self._error = exc
+        if isinstance(exc, RemoteProtocolError):
+            self._inbox.clear()
+        self._peer_done.set()
+        self._inbox_lot.unpark_all()
+        self._credit_lot.unpark_all()
+
+    async def _abort(self, exc: BaseException) -> None:
+        self._fail(exc)
+        await self._reset_quietly()
+
+    async def reset(self) -> None:
+        """Abort the stream in both directions at once."""
+        await self._abort(StreamClosedError("stream was reset locally"))
+
+    async def _reset_quietly(self) -> None:
+        with trio.move_on_after(TEARDOWN_TIMEOUT):
+            try:
+                await self._net.reset()
+            except Exception:  # the stream may already be gone; nothing to add
+                logger.debug("reset of a stream with %s failed", self.peer_id, exc_info=True)
+
+    async def _finish(self) -> None:
+        """Normal end: half-close, give the peer a moment to finish, then reset."""
+        if self._error is not None:
+            return
+        with trio.move_on_after(TEARDOWN_TIMEOUT):
+            await self.close_write()
+        with trio.move_on_after(CLOSE_LINGER):
+            await self._peer_done.wait()
+        if not self._peer_done.is_set() or self._error is not None:
+            await self._reset_quietly()
+
+
+_NO_MESSAGES = MessageSet()
+
+
+@asynccontextmanager
+async def open_framed_stream(net_stream: INetStream,
+                             config: WireConfig | None = None) -> AsyncIterator[FramedStream]:
+    """Run a :class:`FramedStream` over ``net_stream`` for the duration of the block.
+
+    On a normal exit the stream is half-closed and, after the peer closes its
+    side (at most ``CLOSE_LINGER`` seconds), released; on an exception or
+    cancellation it is reset.
+    """
+    stream = FramedStream(net_stream, config or WireConfig())
+    grant = stream._window.initial_grant()
+    async with open_service_nursery() as nursery:
+        nursery.start_soon(stream._read_loop)
+        nursery.start_soon(stream._credit_loop)
+        stream._credit_owed = grant
+        stream._credit_wakeup.set()
+        try:
+            yield stream
+        except BaseException:
+            stream._fail(StreamClosedError("stream was closed after an error"))
+            with trio.CancelScope(shield=True):
+                await stream._reset_quietly()
+            raise
+        else:
+            try:
+                await stream._finish()
+            except BaseException:
+                with trio.CancelScope(shield=True):
+                    await stream._reset_quietly()
+                raise
+        finally:
+            nursery.cancel_scope.cancel()

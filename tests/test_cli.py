@@ -1,0 +1,77 @@
+"""The p2pdl command, run as real processes on loopback."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+import trio
+
+from p2pdl.testing import open_node_process
+
+
+async def test_second_node_connects_to_the_first_printed_address():
+    async with open_node_process() as first:
+        assert first.addrs and all(a.startswith("/ip4/127.0.0.1/tcp/") for a in first.addrs)
+        async with open_node_process(["--initial-peers", first.addrs[0]]) as second:
+            with trio.fail_after(20):
+                while not any("1 connected peer" in line for line in second.lines):
+                    await trio.sleep(0.1)
+                while not any("1 connected peer" in line for line in first.lines):
+                    await trio.sleep(0.1)
+            assert second.peer_id != first.peer_id
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_stops_the_node_quickly_and_quietly(signum):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "p2pdl", "node", "--listen", "/ip4/127.0.0.1/tcp/0",
+         "--status-interval", "0.2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # wait until it runs
+            if line.startswith("status:"):
+                break
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=5)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and "Error" not in err, err
+
+
+def test_identity_option_keeps_the_peer_id(tmp_path):
+    def peer_id() -> str:
+        out = subprocess.run(
+            [sys.executable, "-m", "p2pdl", "node", "--listen", "/ip4/127.0.0.1/tcp/0",
+             "--identity", str(tmp_path / "id.key"), "--duration", "0.1"],
+            capture_output=True, text=True, timeout=60, check=True).stdout
+        return out.splitlines()[0].rsplit("/p2p/", 1)[1]
+
+    assert peer_id() == peer_id()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["node", "--initial-peers", "localhost:4001"], "is not a multiaddr"),
+    (["node", "--listen", "/ip4/127.0.0.1/udp/1"], "must be /ip4"),
+    (["node", "--status-interval", "0"], "--status-interval must be positive"),
+    (["fly"], "invalid choice"),
+])
+def test_bad_input_is_a_one_line_error(args, message):
+    result = subprocess.run([sys.executable, "-m", "p2pdl", *args], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_help_lists_only_what_works():
+    out = subprocess.run([sys.executable, "-m", "p2pdl", "--help"], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    commands = out.split("positional arguments:")[1].split("options:")[0]
+    listed = {line.split()[0] for line in commands.splitlines()
+              if line.startswith("    ") and not line.startswith("     ")}
+    assert listed == {"node"}

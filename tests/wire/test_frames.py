@@ -1,0 +1,159 @@
+"""Frame decoder (sans-IO): round trips, limits, and fuzzing."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from p2pdl.errors import LocalProtocolError, RemoteProtocolError
+from p2pdl.wire import FrameDecoder, FrameKind, MessageSet, TensorHeader
+from p2pdl.wire._frames import BufferPool, decode_credit, encode_credit, frame_header
+from p2pdl.wire._messages import encode_message
+from p2pdl.wire._tensor import decode_tensor_frame, encode_tensor_frame
+from p2pdl.wire.config import MAX_FRAME_PAYLOAD
+
+from .test_messages import Hello
+
+LIMITS = dict(max_message_size=1 << 20, max_tensor_frame_size=MAX_FRAME_PAYLOAD)
+
+
+def frame(kind: FrameKind, payload: bytes) -> bytes:
+    return frame_header(kind, len(payload)) + payload
+
+
+def test_round_trip_with_every_split_point():
+    stream = (frame(FrameKind.MESSAGE, b"hello") + encode_credit(1234)
+              + frame(FrameKind.TENSOR, bytes(range(256)) * 300) + frame(FrameKind.MESSAGE, b""))
+    for split in range(0, len(stream), 97):
+        decoder = FrameDecoder(**LIMITS)
+        frames = decoder.feed(stream[:split]) + decoder.feed(stream[split:])
+        assert [f.kind for f in frames] == [FrameKind.MESSAGE, FrameKind.CREDIT,
+                                           FrameKind.TENSOR, FrameKind.MESSAGE]
+        assert bytes(frames[0].payload) == b"hello"
+        assert decode_credit(frames[1].payload) == 1234
+        assert bytes(frames[2].payload) == bytes(range(256)) * 300
+        assert decoder.buffered == 0
+        decoder.check_complete()
+
+
+def test_byte_by_byte():
+    stream = frame(FrameKind.MESSAGE, b"abc") * 3
+    decoder = FrameDecoder(**LIMITS)
+    frames = [f for i in range(len(stream)) for f in decoder.feed(stream[i:i + 1])]
+    assert [bytes(f.payload) for f in frames] == [b"abc"] * 3
+
+
+def test_oversized_message_rejected_at_its_header():
+    decoder = FrameDecoder(max_message_size=1000, max_tensor_frame_size=MAX_FRAME_PAYLOAD)
+    with pytest.raises(RemoteProtocolError, match="exceeds the limit"):
+        decoder.feed(struct.pack(">BI", FrameKind.MESSAGE, 1001))  # no payload needed
+
+
+def test_unknown_kind_rejected():
+    with pytest.raises(RemoteProtocolError, match="unknown frame kind"):
+        FrameDecoder(**LIMITS).feed(b"\x09\x00\x00\x00\x01x")
+
+
+def test_truncated_frame_detected_at_end_of_stream():
+    decoder = FrameDecoder(**LIMITS)
+    decoder.feed(frame(FrameKind.MESSAGE, b"abcdef")[:-2])
+    with pytest.raises(RemoteProtocolError, match="ended inside a frame"):
+        decoder.check_complete()
+
+
+def test_bad_credit_frames():
+    with pytest.raises(RemoteProtocolError):
+        FrameDecoder(**LIMITS).feed(frame(FrameKind.CREDIT, b"\x00\x00\x01"))
+    decoder = FrameDecoder(**LIMITS)
+    (f,) = decoder.feed(frame(FrameKind.CREDIT, b"\x00\x00\x00\x00"))
+    with pytest.raises(RemoteProtocolError, match="zero"):
+        decode_credit(f.payload)
+    with pytest.raises(LocalProtocolError):
+        encode_credit(0)
+
+
+def test_local_frame_over_protocol_limit():
+    with pytest.raises(LocalProtocolError):
+        frame_header(FrameKind.TENSOR, MAX_FRAME_PAYLOAD + 1)
+
+
+def test_buffer_pool_never_reuses_a_buffer_still_referenced():
+    pool = BufferPool(max_buffers=4)
+    first = pool(1 << 20)
+    first[:4] = b"keep"
+    view = memoryview(first)
+    del first
+    second = pool(1 << 20)
+    assert bytes(view[:4]) == b"keep"
+    assert second is not view.obj
+    del view
+    assert pool(1 << 20) is not None
+
+
+# -- fuzzing: whatever the bytes, only RemoteProtocolError ----------------------------
+
+MESSAGES = MessageSet(Hello)
+
+
+def _decode_everything(data: bytes, splits: list[int]) -> None:
+    decoder = FrameDecoder(max_message_size=4096, max_tensor_frame_size=65536)
+    pos = 0
+    for cut in sorted(splits) + [len(data)]:
+        for f in decoder.feed(data[pos:cut]):
+            if f.kind is FrameKind.MESSAGE:
+                MESSAGES.decode(f.payload)
+            elif f.kind is FrameKind.TENSOR:
+                decode_tensor_frame(f.payload)
+            else:
+                decode_credit(f.payload)
+        pos = max(pos, cut)
+    decoder.check_complete()
+
+
+@settings(max_examples=2500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=512), st.lists(st.integers(0, 512), max_size=4))
+def test_fuzz_random_bytes_raise_only_remote_protocol_error(data, splits):
+    try:
+        _decode_everything(data, splits)
+    except RemoteProtocolError:
+        pass
+
+
+_kinds = st.sampled_from([1, 2, 3, 7])
+
+
+@st.composite
+def framed_garbage(draw):
+    """Frames with plausible headers around random or half-valid payloads."""
+    parts = []
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(_kinds)
+        payload = draw(st.one_of(
+            st.binary(max_size=200),
+            st.just(encode_message(Hello(1, "x"), 3)),
+            st.builds(lambda b: struct.pack(">H", len(b)) + b + b"\0" * 8, st.binary(max_size=64)),
+        ))
+        length = draw(st.one_of(st.just(len(payload)), st.integers(0, 2**32 - 1)))
+        parts.append(struct.pack(">BI", kind, length) + payload)
+    return b"".join(parts)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(framed_garbage(), st.lists(st.integers(0, 1000), max_size=3))
+def test_fuzz_structured_frames_raise_only_remote_protocol_error(data, splits):
+    try:
+        _decode_everything(data, splits)
+    except RemoteProtocolError:
+        pass
+
+
+def test_valid_tensor_frame_decodes():
+    header = TensorHeader(part=3, dtype="float16", shape=(4, 5), offset=8, count=6)
+    data = bytes(12)
+    prefix = encode_tensor_frame(header, len(data), request_id=9)
+    (f,) = FrameDecoder(**LIMITS).feed(prefix + data)
+    chunk = decode_tensor_frame(f.payload)
+    assert chunk.request_id == 9 and chunk.header == header and bytes(chunk.data) == data
