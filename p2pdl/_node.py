@@ -17,6 +17,7 @@ import concurrent.futures
 import dataclasses
 import logging
 import secrets
+import signal
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -210,6 +211,53 @@ async def open_node(config: NodeConfig | None = None, *, key_pair: KeyPair | Non
             nursery.cancel_scope.cancel()
 
 
+class _SigtermExits:
+    """While sync nodes run, SIGTERM raises SystemExit in the main thread.
+
+    A plain Python program dies on SIGTERM without unwinding, so its node would
+    vanish without closing its connections.  With this handler, ``with
+    Node(...)`` blocks and ``finally`` clauses run and the process exits with
+    status 143.  It is installed only from the main thread, only when SIGTERM
+    has its default action, and removed when the last node shuts down.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._installed = False
+
+    def acquire(self) -> bool:
+        with self._lock:
+            if self._users == 0:
+                if (threading.current_thread() is not threading.main_thread()
+                        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+                    return False
+                signal.signal(signal.SIGTERM, _exit_on_sigterm)
+                self._installed = True
+            elif not self._installed:
+                return False
+            self._users += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._users == 0 and self._installed:
+                self._installed = False
+                if signal.getsignal(signal.SIGTERM) is _exit_on_sigterm:
+                    try:
+                        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    except ValueError:  # not in the main thread (shutdown at exit)
+                        pass
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+_sigterm_exits = _SigtermExits()
+
+
 class Node:
     """A node for synchronous code: trio runs in one background thread.
 
@@ -219,11 +267,18 @@ class Node:
     once.  ``node.aio`` has the same operations as asyncio coroutines.  Use it
     as a context manager or call :meth:`shutdown`; an interpreter exit shuts
     it down too.
+
+    Signals: Ctrl-C raises KeyboardInterrupt in your code as usual (leaving a
+    ``with Node()`` block shuts the node down).  With ``handle_sigterm`` (the
+    default) SIGTERM raises ``SystemExit(143)`` in the main thread while a node
+    runs, so the program unwinds and the node closes cleanly instead of dying.
     """
 
     def __init__(self, config: NodeConfig | None = None, *, start_timeout: float = 60.0,
-                 key_pair: KeyPair | None = None, **host_fields: Any) -> None:
+                 key_pair: KeyPair | None = None, handle_sigterm: bool = True,
+                 **host_fields: Any) -> None:
         self._config = NodeConfig.build(config, **host_fields)
+        self._sigterm = handle_sigterm and _sigterm_exits.acquire()
         self._key_pair = key_pair
         self._node: TrioNode | None = None
         self._token: trio.lowlevel.TrioToken | None = None
@@ -238,6 +293,8 @@ class Node:
             raise CallTimeoutError(f"the node did not start within {start_timeout:.0f} s")
         if self._startup_error is not None:
             self._thread.join(5)
+            self._closed = True
+            self._release_sigterm()
             raise self._startup_error
         atexit.register(self.shutdown)
         self.aio = AsyncioNode(self)
@@ -376,6 +433,12 @@ class Node:
             self._thread.join(timeout)
             if self._thread.is_alive():
                 logger.warning("the node's thread did not stop within %.0f s", timeout)
+        self._release_sigterm()
+
+    def _release_sigterm(self) -> None:
+        if self._sigterm:
+            self._sigterm = False
+            _sigterm_exits.release()
 
     def __enter__(self) -> Node:
         return self

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -170,3 +173,34 @@ def test_public_names():
                  "Message", "RemoteProtocolError", "LocalProtocolError", "__version__"):
         assert hasattr(p2pdl, name), name
     assert isinstance(WORK, RpcProtocol)
+
+
+SCRIPT = """
+import sys, time, p2pdl
+with p2pdl.Node(listen=["/ip4/127.0.0.1/tcp/0"]) as node:
+    print(node.addrs[0], flush=True)
+    try:
+        time.sleep(60)
+    finally:
+        print("unwound", flush=True)
+"""
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, -signal.SIGINT)])
+def test_sync_node_program_stops_within_5s_on_signals(signum, code):
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().startswith("/ip4/127.0.0.1/")
+        start = time.monotonic()
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=5)
+        assert time.monotonic() - start < 5
+    finally:
+        proc.kill()
+    assert "unwound" in out
+    assert proc.returncode == code
+    if signum == signal.SIGTERM:
+        assert "Traceback" not in err and "Error" not in err, err
+    else:  # the program's own KeyboardInterrupt, as in any Python program; nothing from p2pdl
+        assert err.strip().endswith("KeyboardInterrupt") and "p2pdl" not in err
