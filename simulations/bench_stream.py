@@ -31,6 +31,7 @@ from p2pdl.wire import MaxLen, Message, MessageSet, RpcProtocol, TensorChunk
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 SINK = "/bench/sink/1.0.0"  # p2pdl framed stream: tensor frames in, a Done message out
 RAW_SINK = "/bench/raw-sink/1.0.0"  # bare libp2p stream: bytes in, 8-byte count out
+RAW_ECHO = "/bench/raw-echo/1.0.0"  # bare libp2p stream: echoes 64-byte messages
 MiB = 1 << 20
 
 
@@ -82,6 +83,17 @@ async def serve() -> None:
         await net_stream.write(struct.pack(">Qd", n, cpu_seconds() - cpu0))
         await net_stream.close()
 
+    async def raw_echo(net_stream) -> None:
+        from libp2p.network.stream.exceptions import StreamEOF
+        try:
+            while True:
+                data = b""
+                while len(data) < 64:
+                    data += await net_stream.read(64 - len(data))
+                await net_stream.write(data)
+        except StreamEOF:
+            pass
+
     async def tcp_sink(sock_stream) -> None:
         cpu0, n = cpu_seconds(), 0
         async with sock_stream:
@@ -96,6 +108,7 @@ async def serve() -> None:
         node.serve(ECHO, echo)
         node.set_stream_handler(SINK, sink)
         node.host.libp2p.set_stream_handler(RAW_SINK, raw_sink)
+        node.host.libp2p.set_stream_handler(RAW_ECHO, raw_echo)
         listeners = await nursery.start(
             functools.partial(trio.serve_tcp, tcp_sink, 0, host="127.0.0.1"))
         port = listeners[0].socket.getsockname()[1]
@@ -181,6 +194,24 @@ async def run_rtt(node, peer, calls: int) -> tuple[float, float]:
     return samples[len(samples) // 2], samples[int(len(samples) * 0.99) - 1]
 
 
+async def run_libp2p_rtt(node, peer, calls: int) -> float:
+    """Median round trip of 64 bytes echoed on a bare py-libp2p stream (reference)."""
+    stream = await node.host.libp2p.new_stream(peer, [RAW_ECHO])
+    payload = b"x" * 64
+    samples = []
+    for i in range(calls + 50):
+        t0 = time.perf_counter()
+        await stream.write(payload)
+        data = b""
+        while len(data) < 64:
+            data += await stream.read(64 - len(data))
+        if i >= 50:
+            samples.append((time.perf_counter() - t0) * 1000)
+    await stream.close()
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
 async def client(args: argparse.Namespace) -> dict:
     server = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE,
                               text=True)
@@ -199,6 +230,7 @@ async def client(args: argparse.Namespace) -> dict:
                 results["p2pdl8"].append((await run_p2pdl(node, peer, total, 8))[0])
                 results["tcp"].append(await run_tcp(info["tcp_port"], total))
             rtt_p50, rtt_p99 = await run_rtt(node, peer, args.calls)
+            libp2p_rtt = await run_libp2p_rtt(node, peer, args.calls)
         med = {k: statistics.median(v) for k, v in results.items()}
         return {
             "mib_per_case": args.mib,
@@ -210,6 +242,7 @@ async def client(args: argparse.Namespace) -> dict:
             "ratio_vs_libp2p": round(med["p2pdl"] / med["libp2p"], 3),
             "rtt_p50_ms": round(rtt_p50, 3),
             "rtt_p99_ms": round(rtt_p99, 3),
+            "libp2p_rtt_p50_ms": round(libp2p_rtt, 3),
             "cpu_s_per_gib": round(med["cpu"], 2),
             "samples": {k: [round(x, 1) for x in v] for k, v in results.items()},
         }

@@ -14,7 +14,6 @@ import dataclasses
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
 
 import trio
 from libp2p.abc import INetStream
@@ -33,8 +32,9 @@ from ..errors import (
 )
 from ..net import Host
 from ..net._addrs import PeerIDLike, parse_peer_id
+from ._frames import Frame
 from ._messages import ErrorReply, Message, MessageSet
-from ._stream import FramedStream, open_framed_stream
+from ._stream import FramedStream, decode_frame, open_framed_stream
 from ._tensor import TensorChunk
 from .config import WireConfig
 
@@ -81,13 +81,39 @@ RpcHandler = Callable[[RequestContext, Message], Awaitable[Message]]
 
 async def serve_rpc_stream(stream: FramedStream, protocol: RpcProtocol, handler: RpcHandler,
                            config: WireConfig) -> None:
-    """Answer requests arriving on ``stream`` until the caller closes its side."""
+    """Answer requests arriving on ``stream`` until the caller closes its side.
+
+    While fewer than ``max_inflight_requests`` are being handled, a request is
+    handed to its handler task straight from the stream's reader; beyond
+    that, requests wait in the stream's bounded inbox (and credit holds the
+    caller back) until a handler finishes.
+    """
     limiter = trio.Semaphore(config.max_inflight_requests)
     async with open_service_nursery() as nursery:
-        async for request_id, request in stream.iter_messages(protocol.requests):
-            await limiter.acquire()
+
+        def start(request_id: int, request: Message) -> None:
             ctx = RequestContext(stream.peer_id, protocol.protocol_id, request_id)
             nursery.start_soon(_answer, stream, protocol, handler, config, ctx, request, limiter)
+
+        def dispatch(frame: Frame) -> bool:
+            try:
+                limiter.acquire_nowait()
+            except trio.WouldBlock:
+                return False
+            item = decode_frame(frame, protocol.requests)
+            if isinstance(item, TensorChunk):
+                limiter.release()
+                raise RemoteProtocolError("tensor chunk on an RPC stream")
+            start(*item)
+            return True
+
+        stream.set_dispatcher(dispatch)
+        async for request_id, request in stream.iter_messages(protocol.requests):
+            await limiter.acquire()
+            start(request_id, request)
+        await stream.wait_peer_done()
+        if isinstance(stream.failure, RemoteProtocolError):
+            raise stream.failure
 
 
 async def _answer(stream: FramedStream, protocol: RpcProtocol, handler: RpcHandler,
@@ -122,9 +148,6 @@ async def _answer(stream: FramedStream, protocol: RpcProtocol, handler: RpcHandl
         pass  # the caller went away; nothing to answer
     finally:
         limiter.release()
-
-
-_TIMED_OUT = object()
 
 
 class _Pending:
@@ -258,31 +281,34 @@ class RpcClient:
         channel.fail_all(error)
 
     async def _dispatch(self, channel: _Channel, protocol: RpcProtocol) -> BaseException | None:
-        """Route responses to their callers until EOF, idleness or an error."""
-        idle = self._config.rpc_idle_timeout
+        """Route responses to their callers until EOF, idleness or an error.
+
+        Responses are matched in the stream's reader task, without a task hop.
+        """
         stream = channel.stream
-        while True:
-            item: Any = _TIMED_OUT
-            with trio.move_on_after(idle):
-                item = await stream.receive(protocol.responses)
-            if item is None:
-                return None
-            if item is _TIMED_OUT:
-                if not channel.pending and trio.current_time() - channel.idle_since >= idle:
-                    return None
-                continue
+
+        def deliver(frame: Frame) -> bool:
+            item = decode_frame(frame, protocol.responses)
             if isinstance(item, TensorChunk):
-                exc = RemoteProtocolError("tensor chunk on an RPC stream")
-                await stream._abort(exc)
-                return exc
+                raise RemoteProtocolError("tensor chunk on an RPC stream")
             request_id, response = item
             slot = channel.pending.get(request_id)
             if slot is None:
                 logger.debug("response %d from %s matches no pending request (timed out?)",
                              request_id, stream.peer_id)
-                continue
-            slot.result = response
-            slot.done.set()
+            else:
+                slot.result = response
+                slot.done.set()
+            return True
+
+        stream.set_dispatcher(deliver)
+        idle = self._config.rpc_idle_timeout
+        while True:
+            with trio.move_on_after(idle):
+                await stream.wait_peer_done()
+                return stream.failure
+            if not channel.pending and trio.current_time() - channel.idle_since >= idle:
+                return None
 
     def close(self) -> None:
         self._closed = True
