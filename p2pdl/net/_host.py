@@ -63,6 +63,31 @@ logger = logging.getLogger(__name__)
 # application's logging configuration like every other library's.
 logging.getLogger("libp2p").propagate = True
 
+
+class _DemoteReportedFailures(logging.Filter):
+    """Turn py-libp2p's ERROR records for failures p2pdl reports itself into DEBUG.
+
+    A refused dial, a refused handshake or an unsupported protocol already
+    reaches the caller as PeerUnreachableError or ProtocolNotSupportedError;
+    py-libp2p also logs each at ERROR, which would flood an application's log
+    with duplicates (every retry of an initial peer, every plaintext probe).
+    """
+
+    PREFIXES = ("Failed to open TCP stream", "failed to upgrade security",
+                "Failed to open stream to peer", "fail to upgrade mux")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING and isinstance(record.msg, str) \
+                and record.msg.startswith(self.PREFIXES):
+            if not logging.getLogger(record.name).isEnabledFor(logging.DEBUG):
+                return False
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+for _name in ("libp2p.transport.tcp.tcp", "libp2p.network.swarm", "libp2p.host.basic_host"):
+    logging.getLogger(_name).addFilter(_DemoteReportedFailures())
+
 #: The only security and muxer protocols a p2pdl host speaks.
 SECURITY_PROTOCOLS = (str(NOISE_PROTOCOL_ID),)
 MUXER_PROTOCOLS = (str(YAMUX_PROTOCOL_ID),)
@@ -374,12 +399,25 @@ def _expand_wildcard(addr: multiaddr.Multiaddr) -> list[multiaddr.Multiaddr]:
 
 
 def _reason(exc: BaseException) -> str:
-    """The innermost useful message of a py-libp2p exception chain."""
-    seen = []
-    while exc is not None and len(seen) < 8:
-        seen.append(str(exc) or type(exc).__name__)
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-    return seen[-1] if seen else "unknown error"
+    """The innermost useful message of a py-libp2p exception chain.
+
+    Follows causes, and the first error inside py-libp2p's MultiError or an
+    exception group, down to the root (a refused connection, a failed
+    handshake...).
+    """
+    messages = []
+    current: BaseException | None = exc
+    for _ in range(12):  # bounded: chains are short, but never trust a cycle
+        if current is None:
+            break
+        inner = getattr(current, "errors", None) or getattr(current, "exceptions", None)
+        if not inner:
+            messages.append(str(current).strip() or type(current).__name__)
+        if inner:
+            current = inner[0]
+        else:
+            current = current.__cause__ or current.__context__
+    return messages[-1] if messages else "unknown error"
 
 
 @asynccontextmanager
