@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import signal
 import subprocess
 import sys
@@ -204,3 +205,19 @@ def test_sync_node_program_stops_within_5s_on_signals(signum, code):
         assert "Traceback" not in err and "Error" not in err, err
     else:  # the program's own KeyboardInterrupt, as in any Python program; nothing from p2pdl
         assert err.strip().endswith("KeyboardInterrupt") and "p2pdl" not in err
+
+
+async def test_normal_operation_and_shutdown_log_no_warnings(caplog):
+    """Failed dials are reported as exceptions, not also as log noise; shutdown is quiet."""
+    with caplog.at_level(logging.WARNING):
+        async with open_nodes(1) as (b,):
+            async with open_nodes(2) as (a, c):
+                await b.connect(a.addrs[0])
+                assert await b.ping(a.peer_id) < 5 and await c.ping(a.peer_id) < 5
+                gone = a.addrs[0]
+            with trio.fail_after(5):  # b notices the closed connection
+                while b.connected_peers():
+                    await b.host.wait_connections_changed(1.0)
+            with pytest.raises(p2pdl.PeerUnreachableError):
+                await b.connect(gone, timeout=5)
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
