@@ -135,3 +135,20 @@ def task_names() -> list[str]:
 
     walk(trio.lowlevel.current_root_task())
     return names
+
+
+@asynccontextmanager
+async def open_node_processes(count: int, args: Sequence[str] = (), *,
+                              timeout: float = 60.0) -> AsyncIterator[list[NodeProcess]]:
+    """Run ``count`` ``p2pdl node`` processes; all after the first join the first.
+
+    The block starts once every child printed its addresses; all are stopped
+    (SIGTERM, then SIGKILL) when it ends.
+    """
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(open_node_process(args, timeout=timeout))
+        procs = [first]
+        for _ in range(count - 1):
+            procs.append(await stack.enter_async_context(open_node_process(
+                [*args, "--initial-peers", first.addrs[0]], timeout=timeout)))
+        yield procs
