@@ -29,7 +29,7 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 
 from ._concurrency import open_service_nursery
-from .errors import CallTimeoutError, ConfigError, NodeClosedError, P2PDLError
+from .errors import CallTimeoutError, ConfigError, LocalProtocolError, NodeClosedError, P2PDLError
 from .net import Host, HostConfig, open_host
 from .net._addrs import PeerIDLike
 from .wire import (
@@ -324,6 +324,9 @@ class Node:
         """Run ``fn(node)`` in the node's nursery; cancelling the future cancels it."""
         if self._closed or self._node is None or self._token is None:
             raise NodeClosedError("the node is shut down")
+        if threading.current_thread() is self._thread:
+            raise LocalProtocolError("a blocking Node method was called on the node's own trio "
+                                     "thread (from a handler?); await the TrioNode methods there")
         node = self._node
         future: concurrent.futures.Future[T] = concurrent.futures.Future()
         scope = trio.CancelScope()
@@ -357,7 +360,7 @@ class Node:
         future.add_done_callback(cancel_in_trio)
         try:
             trio.from_thread.run_sync(node.nursery.start_soon, runner, trio_token=self._token)
-        except trio.RunFinishedError:
+        except (trio.RunFinishedError, RuntimeError):  # finished, or nursery closing
             raise NodeClosedError("the node is shut down") from None
         return future
 

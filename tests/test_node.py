@@ -221,3 +221,15 @@ async def test_normal_operation_and_shutdown_log_no_warnings(caplog):
             with pytest.raises(p2pdl.PeerUnreachableError):
                 await b.connect(gone, timeout=5)
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_blocking_call_from_a_handler_is_a_clear_error():
+    with Node(listen=LOOPBACK) as server, Node(listen=LOOPBACK) as client:
+        async def handler(ctx, req):
+            server.ping(ctx.peer_id)  # wrong: blocks the node's own thread
+            return Result(0)
+
+        server.serve(WORK, handler)
+        client.connect(server.addrs[0])
+        with pytest.raises(RemoteError, match="internal"):
+            client.call(server.peer_id, WORK, Work(1))

@@ -433,11 +433,12 @@ async def open_host(config: HostConfig | None = None,
     if key_pair is None:
         key_pair = (load_or_create_identity(config.identity_path) if config.identity_path
                     else create_new_key_pair())
-    for a in config.initial_peers:
-        parse_peer_addr(a, "initial peer")  # report bad user input before starting
+    initial = [parse_peer_addr(a, "initial peer") for a in config.initial_peers]
     libp2p_host = _build_libp2p_host(key_pair, config)
     listen = [parse_multiaddr(a) for a in config.listen]
     host = Host(libp2p_host, config)
+    for info in initial:  # reachable by peer id at once, before the first dial ends
+        host._remember(info)
     # Errors are raised after py-libp2p's nurseries have closed, so that the
     # caller sees them as they are, not wrapped in an ExceptionGroup.
     error: BaseException | None = None

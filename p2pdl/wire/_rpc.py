@@ -186,6 +186,11 @@ class _Channel:
             raise RemoteError(slot.result.code, slot.result.message)
         return slot.result
 
+    @property
+    def usable(self) -> bool:
+        """False once the channel is retiring or the server closed its side."""
+        return not self.closing and not self.stream._peer_done.is_set()
+
     def fail_all(self, error: BaseException) -> None:
         for slot in self.pending.values():
             slot.error = error
@@ -195,8 +200,8 @@ class _Channel:
 class RpcClient:
     """Calls RPC protocols on other peers, reusing one stream per (peer, protocol).
 
-    The streams' tasks run in ``nursery`` (the node's).  After ``aclose`` no
-    new call starts.
+    The streams' tasks run in ``nursery`` (the node's).  After :meth:`close`
+    no new call starts.
     """
 
     def __init__(self, host: Host, nursery: trio.Nursery, config: WireConfig) -> None:
@@ -236,7 +241,7 @@ class RpcClient:
             if self._closed:
                 raise NodeClosedError("the node is shut down")
             channel = self._channels.get(key)
-            if channel is not None and not channel.closing:
+            if channel is not None and channel.usable:
                 return channel
             opening = self._opening.get(key)
             if opening is not None:
@@ -245,7 +250,13 @@ class RpcClient:
             opening = self._opening[key] = trio.Event()
             try:
                 net_stream = await self._host.new_stream(peer_id, protocol.protocol_id)
-                channel = await self._nursery.start(self._run_channel, key, protocol, net_stream)
+                try:
+                    channel = await self._nursery.start(self._run_channel, key, protocol,
+                                                        net_stream)
+                except RuntimeError:  # the node's nursery no longer takes tasks
+                    with trio.CancelScope(shield=True), trio.move_on_after(2):
+                        await net_stream.reset()
+                    raise NodeClosedError("the node is shut down") from None
                 self._channels[key] = channel
                 return channel
             finally:

@@ -126,8 +126,16 @@ class FramedStream:
     # -- sending ----------------------------------------------------------
 
     async def send_message(self, message: Message, request_id: int = 0) -> None:
-        """Send one typed message (at most ``max_message_size`` bytes encoded)."""
+        """Send one typed message (at most ``max_message_size`` bytes encoded).
+
+        A larger message is a :class:`LocalProtocolError` here, since a peer
+        with the default limit would reset the stream on it.
+        """
         payload = encode_message(message, request_id)
+        if len(payload) > self._config.max_message_size:
+            raise LocalProtocolError(
+                f"{message.TAG!r} message of {len(payload)} bytes exceeds max_message_size "
+                f"({self._config.max_message_size} bytes); send bulk data as tensor frames")
         await self._send_frame(frame_header(FrameKind.MESSAGE, len(payload)) + payload)
 
     async def send_tensor_chunk(self, header: TensorHeader, data: bytes | memoryview,

@@ -11,7 +11,7 @@ import torch
 import trio
 from libp2p.network.stream.exceptions import StreamError
 
-from p2pdl.errors import RemoteProtocolError, StreamClosedError
+from p2pdl.errors import LocalProtocolError, RemoteProtocolError, StreamClosedError
 from p2pdl.wire import FrameDecoder, FrameKind, MessageSet, TensorChunk, WireConfig
 from p2pdl.wire._frames import frame_header
 from p2pdl.wire._messages import encode_message
@@ -247,3 +247,12 @@ async def test_peer_reset_ends_a_waiting_receive(two_nodes):
         while not outcome:
             await trio.sleep(0.01)
     assert outcome[0] is None or isinstance(outcome[0], StreamClosedError)
+
+
+async def test_oversized_message_is_refused_locally_before_sending(two_nodes):
+    a, b = two_nodes
+    a.set_stream_handler(SINK, lambda stream: stream.receive(HELLO))
+    async with b.open_stream(a.peer_id, SINK) as stream:
+        with pytest.raises(LocalProtocolError, match="exceeds max_message_size"):
+            await stream.send_message(Hello(1, "x", blob=bytes(2 * MiB)))
+        assert stream.statistics().bytes_sent == 0
