@@ -179,8 +179,8 @@ def test_public_names():
 SCRIPT = """
 import sys, time, p2pdl
 with p2pdl.Node(listen=["/ip4/127.0.0.1/tcp/0"]) as node:
-    print(node.addrs[0], flush=True)
     try:
+        print(node.addrs[0], flush=True)  # inside the try: a signal may come at once
         time.sleep(60)
     finally:
         print("unwound", flush=True)
