@@ -30,6 +30,7 @@ from libp2p.peer.id import ID
 
 from ._concurrency import open_service_nursery
 from .errors import CallTimeoutError, ConfigError, LocalProtocolError, NodeClosedError, P2PDLError
+from .nat import DIALBACK, NatService, Reachability, ReachabilityConfig
 from .net import Host, HostConfig, open_host
 from .net._addrs import PeerIDLike
 from .wire import (
@@ -57,6 +58,7 @@ class NodeConfig:
 
     host: HostConfig = HostConfig()
     wire: WireConfig = WireConfig()
+    nat: ReachabilityConfig = ReachabilityConfig()
 
     @classmethod
     def build(cls, config: NodeConfig | None = None, **host_fields: Any) -> NodeConfig:
@@ -91,6 +93,9 @@ class TrioNode:
         self._rpc = RpcClient(host, nursery, config.wire)
         self._protocols: set[str] = set()
         self.serve(PING, answer_ping)  # type: ignore[arg-type]
+        self._nat = NatService(host, self._rpc.call, config.nat)
+        self.serve(DIALBACK, self._nat.handle)  # type: ignore[arg-type]
+        nursery.start_soon(self._nat.serve)
 
     # -- identity and peers -------------------------------------------------
 
@@ -119,6 +124,26 @@ class TrioNode:
 
     def connected_peers(self) -> list[ID]:
         return self._host.connected_peers()
+
+    @property
+    def reachability(self) -> Reachability:
+        """``public``, ``private`` or ``unknown``: can other peers dial this node?"""
+        return self._nat.reachability
+
+    @property
+    def client_mode(self) -> bool:
+        """True for a node others cannot dial: it dials out and accepts nothing.
+
+        The averaging layers give client-mode peers no part to reduce.
+        """
+        return self._nat.client_mode
+
+    def paths(self) -> dict[ID, str]:
+        """How each connected peer is reached: ``direct``, ``hole-punched`` or ``relayed``."""
+        return self._host.paths()
+
+    async def wait_reachability_changed(self) -> None:
+        await self._nat.wait_changed()
 
     async def connect(self, address: str, timeout: float | None = None) -> ID:
         """Connect to a peer by its full multiaddr and return its peer id."""
@@ -185,8 +210,12 @@ class TrioNode:
         return trio.current_time() - start
 
     def statistics(self) -> dict[str, Any]:
+        paths = list(self.paths().values())
         return {"peer_id": str(self.peer_id), "connected_peers": len(self.connected_peers()),
-                "rpc_channels": self._rpc.open_channels()}
+                "rpc_channels": self._rpc.open_channels(),
+                "reachability": self.reachability.value, "client_mode": self.client_mode,
+                "relay_reservations": len(self._host.relay_reservations()),
+                "paths": {k: paths.count(k) for k in ("direct", "hole-punched", "relayed")}}
 
     def _close(self) -> None:
         self._rpc.close()
@@ -383,7 +412,8 @@ class Node:
 
     @property
     def addrs(self) -> list[str]:
-        return self._live().addrs
+        """Full multiaddrs other peers can dial (read on the node's thread)."""
+        return self._run(_async(lambda n: n.addrs), 10.0, False)
 
     @property
     def config(self) -> NodeConfig:
@@ -396,6 +426,20 @@ class Node:
 
     def connected_peers(self) -> list[ID]:
         return self._run(_async(lambda n: n.connected_peers()), 10.0, False)
+
+    @property
+    def reachability(self) -> Reachability:
+        return self._run(_async(lambda n: n.reachability), 10.0, False)
+
+    @property
+    def client_mode(self) -> bool:
+        return self._run(_async(lambda n: n.client_mode), 10.0, False)
+
+    def paths(self) -> dict[ID, str]:
+        return self._run(_async(lambda n: n.paths()), 10.0, False)
+
+    def statistics(self) -> dict[str, Any]:
+        return self._run(_async(lambda n: n.statistics()), 10.0, False)
 
     def connect(self, address: str, *, timeout: float | None = None,
                 return_future: bool = False) -> Any:

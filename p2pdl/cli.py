@@ -18,7 +18,7 @@ import trio
 
 from . import __version__
 from ._concurrency import open_service_nursery
-from ._node import NodeConfig, open_node
+from ._node import NodeConfig, TrioNode, open_node
 from .errors import P2PDLError
 
 logger = logging.getLogger(__name__)
@@ -40,6 +40,11 @@ def _add_node_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--initial-peers", nargs="+", metavar="MULTIADDR", default=[],
                    help="full addresses (.../p2p/<id>) of peers to connect to and stay "
                         "connected with")
+    p.add_argument("--relay", action="store_true",
+                   help="serve circuit relay v2 so that peers behind NAT can be reached through "
+                        "this node (for public nodes)")
+    p.add_argument("--no-relays", action="store_true",
+                   help="do not reserve on relays even when this node is not publicly reachable")
     p.add_argument("--identity", metavar="FILE",
                    help="ed25519 identity file, created (mode 0600) if missing; "
                         "default: a new identity every run")
@@ -71,7 +76,8 @@ def _configure_logging(level: str) -> None:
 
 async def run_node(args: argparse.Namespace) -> None:
     config = NodeConfig.build(listen=args.listen, announce=args.announce,
-                              initial_peers=args.initial_peers, identity_path=args.identity)
+                              initial_peers=args.initial_peers, identity_path=args.identity,
+                              relay_service=args.relay, use_relays=not args.no_relays)
     # Signals are caught from the start, before anything is printed, so that a
     # supervisor that saw the addresses can always stop the node cleanly.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
@@ -90,10 +96,20 @@ async def run_node(args: argparse.Namespace) -> None:
                 print(addr, flush=True)
             start = time.monotonic()
             while True:
-                peers = node.connected_peers()
-                print(f"status: peer {node.peer_id} | {len(peers)} connected peer(s) | "
-                      f"up {time.monotonic() - start:.0f} s", flush=True)
+                print(status_line(node, time.monotonic() - start), flush=True)
                 await trio.sleep(args.status_interval)
+
+
+def status_line(node: TrioNode, uptime: float) -> str:
+    """One line: peers, reachability (client mode), relays, and the path to each peer."""
+    stats = node.statistics()
+    paths = stats["paths"]
+    path_text = ", ".join(f"{n} {kind}" for kind, n in paths.items() if n) or "none"
+    role = "client mode" if stats["client_mode"] else "accepts connections"
+    relays = stats["relay_reservations"]
+    return (f"status: peer {node.peer_id} | {stats['connected_peers']} connected peer(s) | "
+            f"reachability {stats['reachability']} ({role}) | "
+            f"{relays} relay reservation(s) | paths: {path_text} | up {uptime:.0f} s")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

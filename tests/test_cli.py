@@ -75,3 +75,14 @@ def test_help_lists_only_what_works():
     listed = {line.split()[0] for line in commands.splitlines()
               if line.startswith("    ") and not line.startswith("     ")}
     assert listed == {"node"}
+
+
+async def test_relay_node_and_status_line_with_reachability_and_paths():
+    async with open_node_process(["--relay"]) as relay:
+        async with open_node_process(["--initial-peers", relay.addrs[0]]) as peer:
+            with trio.fail_after(30):
+                while not any("reachability public" in line and "1 direct" in line
+                              for line in peer.lines):
+                    await trio.sleep(0.1)
+            line = peer.lines[-1]
+            assert "accepts connections" in line and "relay reservation(s)" in line

@@ -5,14 +5,20 @@ from __future__ import annotations
 import pathlib
 import re
 
+import p2pdl.nat as nat
 import p2pdl.wire as wire
+from p2pdl.nat import DIALBACK_PROTOCOL_ID, ReachabilityConfig
+from p2pdl.nat._messages import MAX_DIALBACK_ADDRS
+from p2pdl.net import HostConfig, RelayLimits
+from p2pdl.net._host import MAX_RELAY_ROUTES
+from p2pdl.net._relay import REFRESH_AT
 from p2pdl.wire import PING_PROTOCOL_ID, WireConfig
 from p2pdl.wire._ping import MAX_PING_PAYLOAD
 
 SPECS = pathlib.Path(__file__).resolve().parents[1] / "protocols"
 
 #: Protocol ids defined in the code, by spec file.
-CODE_IDS = {"ping.md": PING_PROTOCOL_ID}
+CODE_IDS = {"ping.md": PING_PROTOCOL_ID, "transport.md": DIALBACK_PROTOCOL_ID}
 
 
 def spec(name: str) -> str:
@@ -43,7 +49,8 @@ def test_every_spec_states_its_protocol_id_literally():
 
 
 def test_every_protocol_id_in_the_code_has_a_spec():
-    ids_in_code = {v for k, v in vars(wire).items() if k.endswith("PROTOCOL_ID")}
+    ids_in_code = {v for module in (wire, nat) for k, v in vars(module).items()
+                   if k.endswith("PROTOCOL_ID")}
     assert ids_in_code <= set(CODE_IDS.values())
     for protocol_id in CODE_IDS.values():
         assert re.fullmatch(r"/p2pdl/[a-z0-9-]+/\d+\.\d+\.\d+", protocol_id)
@@ -83,3 +90,20 @@ def test_ping_definitions_match_the_code():
 def test_tensor_dtypes_match_the_code():
     listed = re.search(r"one of `([^`]+)`", spec("wire.md")).group(1).split()
     assert sorted(listed) == sorted(wire.DTYPE_SIZES)
+
+
+def test_transport_definitions_match_the_code():
+    rows = definitions(spec("transport.md"))
+    host, relay, reach = HostConfig(), RelayLimits(), ReachabilityConfig()
+    assert number(rows["dial_timeout"]) == host.dial_timeout
+    assert number(rows["relay_reservations"]) == host.relay_reservations
+    for field in ("max_reservations", "max_circuits_per_peer", "max_circuit_bytes",
+                  "max_circuit_duration", "reservation_ttl"):
+        assert number(rows[field]) == getattr(relay, field), field
+    for field in ("probe_timeout", "min_failures", "unknown_interval", "public_interval",
+                  "private_interval", "result_ttl", "max_addrs", "server_concurrency",
+                  "server_min_interval"):
+        assert number(rows[field]) == getattr(reach, field), field
+    assert number(rows["REFRESH_AT"]) == REFRESH_AT
+    assert number(rows["MAX_RELAY_ROUTES"]) == MAX_RELAY_ROUTES
+    assert number(rows["MAX_DIALBACK_ADDRS"]) == MAX_DIALBACK_ADDRS

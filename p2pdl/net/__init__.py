@@ -22,3 +22,4 @@ from ._identity import load_identity as load_identity
 from ._identity import load_or_create_identity as load_or_create_identity
 from .config import BackoffPolicy as BackoffPolicy
 from .config import HostConfig as HostConfig
+from .config import RelayLimits as RelayLimits

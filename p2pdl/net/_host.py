@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 
@@ -28,6 +29,7 @@ import multiaddr
 import trio
 from libp2p import new_host
 from libp2p.abc import IHost, INetConn, INetStream, INetwork, INotifee
+from libp2p.connection_types import ConnectionType
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
@@ -35,16 +37,26 @@ from libp2p.host.exceptions import StreamFailure
 from libp2p.network.config import ConnectionConfig, RetryConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
+from libp2p.relay.circuit_v2.config import RelayConfig as LibRelayConfig
+from libp2p.relay.circuit_v2.config import RelayRole as LibRelayRole
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
+from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+from libp2p.relay.circuit_v2.resources import RelayLimits as LibRelayLimits
+from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
+from libp2p.tools.anyio_service import background_trio_service
+from libp2p.transport.tcp.tcp import TCP
 from multiaddr.utils import get_network_addrs
 
 from .._concurrency import open_service_nursery
 from ..errors import (
     CallTimeoutError,
     ConfigError,
+    P2PDLError,
     PeerUnreachableError,
     ProtocolNotSupportedError,
     RemoteProtocolError,
@@ -53,7 +65,8 @@ from ..errors import (
 from ._addrs import PeerIDLike, parse_multiaddr, parse_peer_addr, parse_peer_id
 from ._backoff import Backoff
 from ._identity import load_or_create_identity
-from .config import HostConfig
+from ._relay import ReservationBook, circuit_addr, is_circuit
+from .config import HostConfig, RelayLimits
 
 __all__ = ["Host", "open_host", "SECURITY_PROTOCOLS", "MUXER_PROTOCOLS"]
 
@@ -94,6 +107,10 @@ MUXER_PROTOCOLS = (str(YAMUX_PROTOCOL_ID),)
 
 #: Peers whose dialled addresses the host remembers (least recently used dropped).
 MAX_KNOWN_PEERS = 10_000
+#: Relays tried, at most, to reach a peer whose own addresses failed.
+MAX_RELAY_ROUTES = 4
+#: The reservation service looks at its relays at least this often (s).
+RESERVATION_POLL = 5.0
 
 StreamHandler = Callable[[INetStream], Awaitable[None]]
 
@@ -138,19 +155,24 @@ async def _no_auto_connect() -> None:
 
 
 class _ConnectionWatcher(INotifee):
-    """Wakes waiters whenever a connection opens or closes."""
+    """Wakes waiters whenever a connection opens or closes, and records paths."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_connected: Callable[[INetConn], None],
+                 on_disconnected: Callable[[INetConn], None]) -> None:
         self.changed = trio.Event()
+        self._on_connected = on_connected
+        self._on_disconnected = on_disconnected
 
     def _wake(self) -> None:
         self.changed.set()
         self.changed = trio.Event()
 
     async def connected(self, network: INetwork, conn: INetConn) -> None:
+        self._on_connected(conn)
         self._wake()
 
     async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        self._on_disconnected(conn)
         self._wake()
 
     async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
@@ -172,8 +194,19 @@ class Host:
     def __init__(self, libp2p_host: IHost, config: HostConfig) -> None:
         self._host = libp2p_host
         self._config = config
-        self._watcher = _ConnectionWatcher()
+        self._watcher = _ConnectionWatcher(self._on_connected, self._on_disconnected)
         libp2p_host.get_network().register_notifee(self._watcher)
+        # NAT traversal: filled in by open_host once the services run.
+        self._circuit: CircuitV2Protocol | None = None
+        self._circuit_transport: CircuitV2Transport | None = None
+        self._relays = ReservationBook(config.relay_reservations, config.reservation_retry)
+        self._relay_wakeup = trio.Event()
+        self._wants_relays = config.use_relays
+        self._addrs_version = 0
+        # Peers whose first connection of the current session was relayed: a
+        # direct connection to them later is a hole punch.
+        self._relayed_first: set[ID] = set()
+        self._hole_punched: set[ID] = set()
         self._inbound: collections.Counter[ID] = collections.Counter()
         # Addresses we dialled, kept beyond py-libp2p's 2-minute peerstore TTL
         # so that a dropped connection can be re-dialled later (bounded, LRU).
@@ -213,7 +246,69 @@ class Host:
             if "/p2p/" in text:
                 text = text.split("/p2p/")[0]
             seen.setdefault(text + suffix)
+        for addr in self.circuit_addrs():
+            seen.setdefault(str(addr))
         return list(seen)
+
+    def direct_addrs(self) -> list[str]:
+        """The addresses of :meth:`addrs` that are not relayed."""
+        return [a for a in self.addrs() if not is_circuit(a)]
+
+    def circuit_addrs(self) -> list[multiaddr.Multiaddr]:
+        """``/p2p-circuit`` addresses through the relays we hold reservations with."""
+        out = []
+        for relay in self._relays.active(trio.current_time()):
+            for relay_addr in relay.addrs:
+                if not is_circuit(relay_addr):
+                    out.append(circuit_addr(relay_addr, relay.peer_id, self.peer_id))
+        return out
+
+    @property
+    def addrs_version(self) -> int:
+        """Increases whenever :meth:`addrs` may have changed (reservations come and go)."""
+        return self._addrs_version
+
+    # -- paths ----------------------------------------------------------------
+
+    def path(self, peer: PeerIDLike) -> str | None:
+        """How we reach ``peer`` now: ``direct``, ``hole-punched``, ``relayed`` or None."""
+        peer_id = parse_peer_id(peer)
+        kinds = {_connection_kind(c) for c in
+                 self._host.get_network().connections.get(peer_id, [])}
+        if "direct" in kinds:
+            return "hole-punched" if peer_id in self._hole_punched else "direct"
+        if "relayed" in kinds:
+            return "relayed"
+        return None
+
+    def paths(self) -> dict[ID, str]:
+        """:meth:`path` of every connected peer."""
+        return {p: path for p in self.connected_peers() if (path := self.path(p)) is not None}
+
+    def _on_connected(self, conn: INetConn) -> None:
+        peer = conn.muxed_conn.peer_id
+        others = [c for c in self._host.get_network().connections.get(peer, []) if c is not conn]
+        kind = _connection_kind(conn)
+        if kind == "relayed" and not any(_connection_kind(c) == "direct" for c in others):
+            self._relayed_first.add(peer)
+        elif kind == "direct" and peer in self._relayed_first:
+            self._hole_punched.add(peer)
+            logger.info("hole punch to %s succeeded: direct connection", peer)
+
+    def _on_disconnected(self, conn: INetConn) -> None:
+        peer = conn.muxed_conn.peer_id
+        remaining = [c for c in self._host.get_network().connections.get(peer, [])
+                     if c is not conn]
+        if not remaining:
+            self._relayed_first.discard(peer)
+            self._hole_punched.discard(peer)
+        if self._relays.on_lost(peer):
+            logger.info("lost the connection to relay %s; its reservation is gone", peer)
+            self._addrs_changed()
+
+    def _addrs_changed(self) -> None:
+        self._addrs_version += 1
+        self._relay_wakeup.set()
 
     def is_connected(self, peer: ID) -> bool:
         return bool(self._host.get_network().connections.get(peer))
@@ -250,29 +345,69 @@ class Host:
                     addrs = self._host.get_peerstore().addrs(peer_id)
                 except Exception:  # py-libp2p raises for unknown or expired peers
                     addrs = []
-            if not addrs:
+            if not addrs and not self._relay_routes(peer_id, []):
                 raise PeerUnreachableError(f"no known address for peer {peer_id}; "
                                            f"connect to it by its full address first")
             await self._dial(PeerInfo(peer_id, list(addrs)), timeout)
         return peer_id
 
     async def _dial(self, info: PeerInfo, timeout: float | None) -> None:
+        """Connect by the direct addresses, then by relay circuits.
+
+        Circuits come from the address list itself, then from the relays we
+        are connected to (a peer behind NAT that moved to another relay is
+        found through it).  All of it is bounded by ``timeout``.
+        """
         if self.is_connected(info.peer_id):
             return
-        # Our own schedule decides retries: lift py-libp2p's 60 s block.
-        self._host.get_network().unblock_peer(info.peer_id)  # type: ignore[attr-defined]
         timeout = self._config.dial_timeout if timeout is None else timeout
         self._remember(info)
+        direct = [a for a in info.addrs if not is_circuit(a)]
+        circuits = [_with_target(a, info.peer_id) for a in info.addrs if is_circuit(a)]
+        errors: list[str] = []
         with trio.move_on_after(timeout) as scope:
-            try:
-                await self._host.connect(info)
-            except Exception as exc:
-                raise PeerUnreachableError(
-                    f"cannot connect to {info.peer_id} at "
-                    f"{', '.join(str(a) for a in info.addrs)}: {_reason(exc)}") from None
+            if direct:
+                # Our own schedule decides retries: lift py-libp2p's 60 s block.
+                self._host.get_network().unblock_peer(info.peer_id)  # type: ignore[attr-defined]
+                try:
+                    await self._host.connect(PeerInfo(info.peer_id, direct))
+                    return
+                except Exception as exc:
+                    errors.append(f"{', '.join(str(a) for a in direct)}: {_reason(exc)}")
+            for addr in [*circuits, *self._relay_routes(info.peer_id, circuits)]:
+                if self.is_connected(info.peer_id):
+                    return
+                try:
+                    await self._dial_circuit(addr)
+                    return
+                except Exception as exc:
+                    errors.append(f"{addr}: {_reason(exc)}")
+        if self.is_connected(info.peer_id):
+            return
         if scope.cancelled_caught:
-            raise PeerUnreachableError(f"cannot connect to {info.peer_id}: no answer within "
-                                       f"{timeout:.1f} s")
+            errors.append(f"no connection within {timeout:.1f} s")
+        raise PeerUnreachableError(f"cannot connect to {info.peer_id}: " + "; ".join(errors))
+
+    async def _dial_circuit(self, addr: multiaddr.Multiaddr) -> None:
+        if self._circuit_transport is None:
+            raise PeerUnreachableError("relayed addresses need a running host")
+        await self._circuit_transport.dial(addr)
+
+    def _relay_routes(self, peer: ID,
+                      tried: list[multiaddr.Multiaddr]) -> list[multiaddr.Multiaddr]:
+        """Circuits to ``peer`` through connected relays not in ``tried`` (bounded)."""
+        tried_text = {str(a) for a in tried}
+        routes = []
+        for relay in self._relays.candidates():
+            if relay.peer_id == peer or not self.is_connected(relay.peer_id) \
+                    or not self._serves_relay(relay.peer_id):
+                continue
+            for relay_addr in relay.addrs:
+                addr = circuit_addr(relay_addr, relay.peer_id, peer)
+                if str(addr) not in tried_text and not is_circuit(relay_addr):
+                    routes.append(addr)
+                    break
+        return routes[:MAX_RELAY_ROUTES]
 
     def _remember(self, info: PeerInfo) -> None:
         self._known_addrs[info.peer_id] = tuple(info.addrs)
@@ -337,6 +472,129 @@ class Host:
 
         self._host.set_stream_handler(protocol_id, run_handler)  # type: ignore[arg-type]
 
+    # -- reachability support ---------------------------------------------------
+
+    def observed_ip(self, peer: PeerIDLike) -> str | None:
+        """The IP address ``peer``'s direct connection comes from, as we see it."""
+        for conn in self._host.get_network().connections.get(parse_peer_id(peer), []):
+            if _connection_kind(conn) != "direct":
+                continue
+            try:
+                remote = conn.muxed_conn.get_remote_address()
+            except Exception:  # a connection being torn down
+                continue
+            if remote:
+                return str(remote[0])
+        return None
+
+    async def probe(self, address: str | multiaddr.Multiaddr, peer: PeerIDLike,
+                    timeout: float) -> None:
+        """Dial ``address`` on a fresh TCP connection and check it is ``peer``.
+
+        Never reuses a connection: the point is to learn whether the address
+        itself is reachable.  Succeeds when a Noise handshake proves the
+        identity of ``peer``; raises :class:`PeerUnreachableError` otherwise.
+        """
+        peer_id = parse_peer_id(peer)
+        target = parse_multiaddr(str(address).split("/p2p/")[0], "probed address")
+        names = [p.name for p in target.protocols()]
+        if names not in (["ip4", "tcp"], ["ip6", "tcp"]):
+            raise PeerUnreachableError(f"{address} is not a direct TCP address")
+        upgrader = self._host.get_network().upgrader  # type: ignore[attr-defined]
+        with trio.move_on_after(timeout) as scope:
+            raw = None
+            try:
+                raw = await TCP().dial(target)
+                secured = await upgrader.upgrade_security(raw, True, peer_id)
+                with trio.move_on_after(1):
+                    await secured.close()
+                return
+            except Exception as exc:
+                raise PeerUnreachableError(f"{address}: {_reason(exc)}") from None
+            finally:
+                if raw is not None:
+                    with trio.CancelScope(shield=True), trio.move_on_after(1):
+                        try:
+                            await raw.close()
+                        except Exception:  # already closed by the handshake's failure
+                            pass
+        assert scope.cancelled_caught
+        raise PeerUnreachableError(f"{address}: no answer within {timeout:.1f} s")
+
+    # -- relays ---------------------------------------------------------------
+
+    def add_relay_candidates(self, addresses: list[PeerInfo]) -> None:
+        """Relays to reserve on when the node is not publicly reachable."""
+        for info in addresses:
+            if info.peer_id != self.peer_id:
+                self._relays.add_candidate(info)
+        self._relay_wakeup.set()
+
+    def set_wants_relays(self, wanted: bool) -> None:
+        """Hold relay reservations (not known to be public) or not (public)."""
+        wanted = wanted and self._config.use_relays
+        if wanted != self._wants_relays:
+            self._wants_relays = wanted
+            self._relay_wakeup.set()
+
+    def _serves_relay(self, peer: ID) -> bool:
+        """Whether ``peer`` is known to serve circuit relay (identify, or a reservation)."""
+        if self._relays.is_relay(peer) is not None:
+            return bool(self._relays.is_relay(peer))
+        try:
+            protocols = self._host.get_peerstore().get_protocols(peer)
+        except Exception:  # unknown to the peerstore
+            return False
+        return str(HOP_PROTOCOL_ID) in protocols
+
+    def relay_reservations(self) -> list[ID]:
+        return [r.peer_id for r in self._relays.active(trio.current_time())]
+
+    async def serve_reservations(self) -> None:
+        """Keep reservations on relays while wanted; refresh them; replace lost ones."""
+        while True:
+            now = trio.current_time()
+            action = self._relays.next_action(now, self._wants_relays)
+            if action.kind == "reserve":
+                assert action.relay is not None
+                await self._reserve(action.relay)
+                continue
+            self._relay_wakeup = trio.Event()
+            with trio.move_on_after(min(action.delay, RESERVATION_POLL)):
+                await self._relay_wakeup.wait()
+
+    async def _reserve(self, relay: PeerInfo) -> None:
+        assert self._circuit_transport is not None
+        now = trio.current_time()
+        try:
+            with trio.fail_after(self._config.dial_timeout + self._config.stream_open_timeout):
+                stream = await self.new_stream(relay.peer_id, str(HOP_PROTOCOL_ID))
+                try:
+                    ok = await self._circuit_transport._make_reservation(stream, relay.peer_id)
+                finally:
+                    with trio.move_on_after(2):
+                        await stream.close()
+        except ProtocolNotSupportedError:
+            self._relays.on_failed(relay.peer_id, now, not_a_relay=True)
+            logger.info("%s does not serve circuit relay", relay.peer_id)
+            return
+        except (P2PDLError, trio.TooSlowError) as exc:
+            delay = self._relays.on_failed(relay.peer_id, now)
+            logger.info("reservation on relay %s failed (%s); retry in %.0f s",
+                        relay.peer_id, exc, delay)
+            return
+        if not ok:
+            delay = self._relays.on_failed(relay.peer_id, now)
+            logger.info("relay %s refused a reservation; retry in %.0f s", relay.peer_id, delay)
+            return
+        expires = self._circuit_transport._reservations.get(relay.peer_id, 0)
+        ttl = max(1.0, expires - time.time())
+        fresh = relay.peer_id not in self.relay_reservations()
+        self._relays.on_reserved(relay.peer_id, trio.current_time(), ttl)
+        if fresh:
+            logger.info("reserved a slot on relay %s for %.0f s", relay.peer_id, ttl)
+            self._addrs_changed()
+
     async def serve_initial_peers(
             self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Connect to every initial peer and reconnect whenever a connection drops."""
@@ -368,6 +626,30 @@ class Host:
                 logger.info("initial peer %s unreachable (attempt %d), retrying in %.1f s: %s",
                             info.peer_id, backoff.failures, delay, exc)
             await trio.sleep(delay)
+
+
+def _with_target(addr: multiaddr.Multiaddr, peer: ID) -> multiaddr.Multiaddr:
+    """A circuit address ending in ``/p2p/<peer>``, as the relay transport needs it."""
+    text = str(addr)
+    return addr if text.endswith(f"/p2p/{peer}") else multiaddr.Multiaddr(f"{text}/p2p/{peer}")
+
+
+def _connection_kind(conn: INetConn) -> str:
+    """``relayed`` for a circuit connection, else ``direct``."""
+    try:
+        if conn.get_connection_type() == ConnectionType.RELAYED:
+            return "relayed"
+        addrs = conn.get_transport_addresses()
+    except Exception:  # a connection being torn down; assume the common case
+        return "direct"
+    return "relayed" if any(is_circuit(a) for a in addrs or ()) else "direct"
+
+
+def _libp2p_relay_limits(limits: RelayLimits) -> LibRelayLimits:
+    return LibRelayLimits(duration=limits.max_circuit_duration, data=limits.max_circuit_bytes,
+                          max_circuit_conns=limits.max_circuits_per_peer,
+                          max_reservations=limits.max_reservations,
+                          reservation_ttl=limits.reservation_ttl)
 
 
 async def _close_listeners(libp2p_host: IHost) -> None:
@@ -456,8 +738,24 @@ async def open_host(config: HostConfig | None = None,
             error = ConfigError(f"cannot listen on {', '.join(config.listen)}: the address is "
                                 f"in use or not available on this machine")
         else:
+            limits = _libp2p_relay_limits(config.relay_limits)
+            circuit = CircuitV2Protocol(libp2p_host, limits=limits,
+                                        allow_hop=config.relay_service)
+            await stack.enter_async_context(background_trio_service(circuit))
+            roles = LibRelayRole.STOP | LibRelayRole.CLIENT
+            if config.relay_service:
+                roles |= LibRelayRole.HOP
+            host._circuit = circuit
+            host._circuit_transport = CircuitV2Transport(
+                libp2p_host, circuit, LibRelayConfig(roles=roles, limits=limits))
+            if config.hole_punching:
+                dcutr = DCUtRProtocol(libp2p_host, dial_timeout=int(config.dial_timeout))
+                await stack.enter_async_context(background_trio_service(dcutr))
+            host.add_relay_candidates(initial)
             try:
                 async with open_service_nursery() as nursery:
+                    if config.use_relays:
+                        nursery.start_soon(host.serve_reservations)
                     if config.initial_peers:
                         await nursery.start(host.serve_initial_peers)
                     try:

@@ -31,6 +31,44 @@ class BackoffPolicy:
             raise ConfigError(f"invalid backoff policy {self}")
 
 
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+
+@dataclasses.dataclass(frozen=True)
+class RelayLimits:
+    """Bounds of a node serving circuit relay v2 (``HostConfig.relay_service``).
+
+    Defaults suit training traffic: an averaging round through a relay moves
+    tens to hundreds of megabytes, so circuits get gigabytes and hours rather
+    than py-libp2p's 1 GiB default; the counts keep a volunteer relay's
+    memory and sockets bounded.
+
+    Attributes:
+        max_reservations: peers that may hold a reservation at once.  Default 128.
+        max_circuits_per_peer: relayed connections to one reserved peer open at
+            once (so at most ``max_reservations * max_circuits_per_peer`` in
+            all).  Default 16.
+        max_circuit_bytes: bytes one circuit may carry (both directions) before
+            it is reset.  Default 16 GiB.
+        max_circuit_duration: seconds one circuit may stay open.  Default 6 h.
+        reservation_ttl: seconds a reservation lasts unless refreshed.  Default 1 h.
+    """
+
+    max_reservations: int = 128
+    max_circuits_per_peer: int = 16
+    max_circuit_bytes: int = 16 * GiB
+    max_circuit_duration: int = 6 * 3600
+    reservation_ttl: int = 3600
+
+    def __post_init__(self) -> None:
+        for name in ("max_reservations", "max_circuits_per_peer", "max_circuit_bytes",
+                     "max_circuit_duration", "reservation_ttl"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"RelayLimits.{name} must be positive")
+
+
 @dataclasses.dataclass(frozen=True)
 class HostConfig:
     """Settings of the libp2p host.  Every field has a documented default.
@@ -56,6 +94,17 @@ class HostConfig:
             connected to its initial peers.  Default 2 s.
         max_inbound_streams_per_peer: streams one peer may have open to our
             handlers at once; more are reset.  Default 64.
+        relay_service: serve circuit relay v2 to other peers (for public
+            nodes, e.g. a bootstrap node).  Default False.
+        relay_limits: bounds of that service.
+        use_relays: while the node is not known to be publicly reachable,
+            hold reservations on relays among its initial peers and advertise
+            ``/p2p-circuit`` addresses through them.  Default True.
+        relay_reservations: relays to hold reservations with at once (more
+            means faster failover when one dies).  Default 2.
+        reservation_retry: delays between attempts to reserve on a relay.
+        hole_punching: upgrade relayed connections to direct ones with DCUtR.
+            Default True.
     """
 
     listen: tuple[str, ...] = ("/ip4/0.0.0.0/tcp/0",)
@@ -68,6 +117,12 @@ class HostConfig:
     initial_peer_retries: int | None = 30
     reconnect_check_interval: float = 2.0
     max_inbound_streams_per_peer: int = 64
+    relay_service: bool = False
+    relay_limits: RelayLimits = RelayLimits()
+    use_relays: bool = True
+    relay_reservations: int = 2
+    reservation_retry: BackoffPolicy = BackoffPolicy(initial=1.0, maximum=30.0)
+    hole_punching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("listen", "announce", "initial_peers"):
@@ -85,3 +140,5 @@ class HostConfig:
             raise ConfigError("HostConfig.initial_peer_retries must be >= 1 or None")
         if self.max_inbound_streams_per_peer < 1:
             raise ConfigError("HostConfig.max_inbound_streams_per_peer must be >= 1")
+        if self.relay_reservations < 1:
+            raise ConfigError("HostConfig.relay_reservations must be >= 1")
