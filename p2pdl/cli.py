@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="log level of p2pdl's messages on stderr (default: warning)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_node_parser(sub)
+    netlab = sub.add_parser(
+        "netlab", add_help=False,
+        help="the emulated internet (network namespaces, NAT, bandwidth caps; needs root): "
+             "check | up | list | cleanup",
+        description="See: p2pdl netlab --help")
+    netlab.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -113,6 +119,11 @@ def status_line(node: TrioNode, uptime: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["netlab"]:
+        from .netlab import cli as netlab_cli  # only this subcommand needs it
+
+        return netlab_cli.main(argv[1:], prog="p2pdl netlab")
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.log_level)

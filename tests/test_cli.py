@@ -74,7 +74,7 @@ def test_help_lists_only_what_works():
     commands = out.split("positional arguments:")[1].split("options:")[0]
     listed = {line.split()[0] for line in commands.splitlines()
               if line.startswith("    ") and not line.startswith("     ")}
-    assert listed == {"node"}
+    assert listed == {"node", "netlab"}
 
 
 async def test_relay_node_and_status_line_with_reachability_and_paths():
@@ -86,3 +86,11 @@ async def test_relay_node_and_status_line_with_reachability_and_paths():
                     await trio.sleep(0.1)
             line = peer.lines[-1]
             assert "accepts connections" in line and "relay reservation(s)" in line
+
+
+def test_netlab_subcommand_reports_whether_the_lab_can_run():
+    result = subprocess.run([sys.executable, "-m", "p2pdl", "netlab", "check"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode in (0, 1)
+    assert "Traceback" not in result.stderr
+    assert result.stdout.strip() or result.stderr.strip()

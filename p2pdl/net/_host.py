@@ -80,14 +80,19 @@ logging.getLogger("libp2p").propagate = True
 class _DemoteReportedFailures(logging.Filter):
     """Turn py-libp2p's ERROR records for failures p2pdl reports itself into DEBUG.
 
-    A refused dial, a refused handshake or an unsupported protocol already
-    reaches the caller as PeerUnreachableError or ProtocolNotSupportedError;
+    A refused dial, a refused handshake, an unsupported protocol or a
+    refused relay circuit already reaches the caller as PeerUnreachableError
+    or ProtocolNotSupportedError, and a relay stream closing normally is no
+    error at all;
     py-libp2p also logs each at ERROR, which would flood an application's log
     with duplicates (every retry of an initial peer, every plaintext probe).
     """
 
     PREFIXES = ("Failed to open TCP stream", "failed to upgrade security",
-                "Failed to open stream to peer", "fail to upgrade mux")
+                "Failed to open stream to peer", "fail to upgrade mux",
+                "Error reading from hop stream", "Failed to open stream to relay",
+                "Failed to fetch stored addresses", "MultiselectClient handshake",
+                "Relay connection failed", "Error handling stop stream")
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING and isinstance(record.msg, str) \
@@ -98,7 +103,9 @@ class _DemoteReportedFailures(logging.Filter):
         return True
 
 
-for _name in ("libp2p.transport.tcp.tcp", "libp2p.network.swarm", "libp2p.host.basic_host"):
+for _name in ("libp2p.transport.tcp.tcp", "libp2p.network.swarm", "libp2p.host.basic_host",
+              "libp2p.relay.circuit_v2.protocol", "libp2p.relay.circuit_v2.transport",
+              "libp2p.protocol_muxer.multiselect_client"):
     logging.getLogger(_name).addFilter(_DemoteReportedFailures())
 
 #: The only security and muxer protocols a p2pdl host speaks.

@@ -4,9 +4,14 @@
 * :func:`open_node_process`, :func:`open_node_processes` -- ``p2pdl node`` child
   processes and their addresses.
 * :func:`loopback_config` -- a :class:`~p2pdl.NodeConfig` listening on loopback only.
+* :func:`open_agent` -- a node process driven by JSON commands (status, connect,
+  ping, send), for scenarios across processes and network namespaces.
 * :func:`task_names` -- every task of the trio run, to check that nothing is left over.
 """
 
+from ._agent import Agent as Agent
+from ._agent import AgentError as AgentError
+from ._agent import open_agent as open_agent
 from ._swarm import LOOPBACK as LOOPBACK
 from ._swarm import NodeProcess as NodeProcess
 from ._swarm import loopback_config as loopback_config
