@@ -93,11 +93,10 @@ class NatService:
         now = trio.current_time()
         if self._tracker.set_addresses(self._host.direct_addrs()):
             logger.debug("checking reachability of %s", ", ".join(self._tracker.addresses))
-        candidates = [str(p) for p in self._probers()]
-        prober_text = self._tracker.choose_prober(candidates, now)
-        if prober_text is not None and self._tracker.addresses:
-            prober = next(p for p in self._host.connected_peers() if str(p) == prober_text)
-            await self._ask(prober)
+        probers = {str(p): p for p in self._probers()}
+        chosen = self._tracker.choose_prober(list(probers), now)
+        if chosen is not None and self._tracker.addresses:
+            await self._ask(probers[chosen])
         self._update(self._tracker.status(trio.current_time(), len(self._probers())))
 
     def _probers(self) -> list[ID]:
