@@ -13,6 +13,8 @@ This module absorbs py-libp2p's sharp edges once for every layer above it
   both are switched off for the dials it makes.
 * py-libp2p's auto-connector (dial known peers until 150 connections) is off:
   the layers above choose their peers.
+* A Yamux frame write cut short by cancellation breaks the connection's
+  Noise session; frame writes are made whole (``_yamux``).
 * Errors are mapped to p2pdl's: :class:`PeerUnreachableError`,
   :class:`ProtocolNotSupportedError`, :class:`StreamClosedError`.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import multiaddr
@@ -66,6 +68,7 @@ from ._addrs import PeerIDLike, parse_multiaddr, parse_peer_addr, parse_peer_id
 from ._backoff import Backoff
 from ._identity import load_or_create_identity
 from ._relay import ReservationBook, circuit_addr, is_circuit
+from ._yamux import install as _install_whole_yamux_writes
 from .config import HostConfig, RelayLimits
 
 __all__ = ["Host", "open_host", "SECURITY_PROTOCOLS", "MUXER_PROTOCOLS"]
@@ -92,7 +95,7 @@ class _DemoteReportedFailures(logging.Filter):
                 "Failed to open stream to peer", "fail to upgrade mux",
                 "Error reading from hop stream", "Failed to open stream to relay",
                 "Failed to fetch stored addresses", "MultiselectClient handshake",
-                "Relay connection failed", "Error handling stop stream")
+                "Relay connection failed", "Error handling stop stream", "[ADDCONN_FAIL]")
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno >= logging.WARNING and isinstance(record.msg, str) \
@@ -107,6 +110,8 @@ for _name in ("libp2p.transport.tcp.tcp", "libp2p.network.swarm", "libp2p.host.b
               "libp2p.relay.circuit_v2.protocol", "libp2p.relay.circuit_v2.transport",
               "libp2p.protocol_muxer.multiselect_client"):
     logging.getLogger(_name).addFilter(_DemoteReportedFailures())
+
+_install_whole_yamux_writes()
 
 #: The only security and muxer protocols a p2pdl host speaks.
 SECURITY_PROTOCOLS = (str(NOISE_PROTOCOL_ID),)
@@ -416,6 +421,37 @@ class Host:
                     break
         return routes[:MAX_RELAY_ROUTES]
 
+    def known_addrs(self, peer: PeerIDLike) -> list[str]:
+        """Addresses ``peer`` can be dialled at, as far as this host knows (maybe none)."""
+        peer_id = parse_peer_id(peer)
+        addrs = self._known_addrs.get(peer_id)
+        if not addrs:
+            try:
+                addrs = tuple(self._host.get_peerstore().addrs(peer_id))
+            except Exception:  # py-libp2p raises for unknown or expired peers
+                addrs = ()
+        return [str(a) for a in addrs]
+
+    def add_addrs(self, peer: PeerIDLike, addrs: Iterable[str]) -> int:
+        """Remember where ``peer`` can be dialled (addresses learnt from the DHT, say).
+
+        Unparsable addresses are skipped; returns how many were kept.  The
+        addresses replace those known before and are tried by :meth:`new_stream`.
+        """
+        peer_id = parse_peer_id(peer)
+        parsed = []
+        for addr in addrs:
+            text = str(addr)
+            if not is_circuit(text):  # a direct address: the transport part only
+                text = text.split(f"/p2p/{peer_id}")[0]
+            try:
+                parsed.append(parse_multiaddr(text))
+            except P2PDLError:
+                continue
+        if parsed and peer_id != self.peer_id:
+            self._remember(PeerInfo(peer_id, parsed))
+        return len(parsed)
+
     def _remember(self, info: PeerInfo) -> None:
         self._known_addrs[info.peer_id] = tuple(info.addrs)
         self._known_addrs.move_to_end(info.peer_id)
@@ -458,8 +494,7 @@ class Host:
             if self._inbound[peer] >= limit:
                 logger.warning("peer %s has %d streams open to us; resetting a new %s stream",
                                peer, limit, protocol_id)
-                with trio.move_on_after(2):
-                    await stream.reset()
+                await reset_stream(stream)
                 return
             self._inbound[peer] += 1
             try:
@@ -470,8 +505,7 @@ class Host:
                 logger.debug("%s from %s: %s", protocol_id, peer, exc)
             except Exception:
                 logger.exception("handler of %s failed on a stream from %s", protocol_id, peer)
-                with trio.move_on_after(2):
-                    await stream.reset()
+                await reset_stream(stream)
             finally:
                 self._inbound[peer] -= 1
                 if self._inbound[peer] <= 0:
@@ -635,6 +669,19 @@ class Host:
             await trio.sleep(delay)
 
 
+async def reset_stream(stream: INetStream, timeout: float = 2.0) -> None:
+    """Reset a libp2p stream, shielded from cancellation and bounded by ``timeout``.
+
+    Shielded so that a reset asked for is a reset sent, even by a task being
+    cancelled.
+    """
+    with trio.CancelScope(shield=True), trio.move_on_after(timeout):
+        try:
+            await stream.reset()
+        except Exception:  # the stream or connection may already be gone
+            logger.debug("resetting a stream failed", exc_info=True)
+
+
 def _with_target(addr: multiaddr.Multiaddr, peer: ID) -> multiaddr.Multiaddr:
     """A circuit address ending in ``/p2p/<peer>``, as the relay transport needs it."""
     text = str(addr)
@@ -666,6 +713,26 @@ async def _close_listeners(libp2p_host: IHost) -> None:
                 await listener.close()
             except Exception:  # closing is best effort; the socket may be gone
                 logger.debug("closing a listener failed", exc_info=True)
+
+
+async def _close_connections(libp2p_host: IHost) -> None:
+    """Close every connection while py-libp2p's tasks still run.
+
+    ``host.run()`` leaves connections open when it ends: a host stopped in a
+    process that goes on would keep its sockets, its peers would see it
+    connected, and their requests would hang until they time out.
+    """
+    async def close(conn: INetConn) -> None:
+        try:
+            await conn.close()
+        except Exception:  # closing is best effort; the peer may be gone
+            logger.debug("closing a connection failed", exc_info=True)
+
+    connections = [c for conns in libp2p_host.get_network().connections.values() for c in conns]
+    with trio.CancelScope(shield=True), trio.move_on_after(5):
+        async with trio.open_nursery() as nursery:
+            for conn in connections:
+                nursery.start_soon(close, conn)
 
 
 def _expand_wildcard(addr: multiaddr.Multiaddr) -> list[multiaddr.Multiaddr]:
@@ -733,13 +800,15 @@ async def open_host(config: HostConfig | None = None,
     error: BaseException | None = None
     async with AsyncExitStack() as stack:
         # py-libp2p serves its TCP listeners from a system task that outlives
-        # host.run(); close them ourselves so that nothing is left running.
+        # host.run(), and leaves connections open; close them ourselves so
+        # that nothing is left running.
         stack.push_async_callback(_close_listeners, libp2p_host)
         try:
             await stack.enter_async_context(libp2p_host.run(listen))
         except OSError as exc:
             raise ConfigError(f"cannot listen on {', '.join(config.listen)}: "
                               f"{exc.strerror or exc}") from None
+        stack.push_async_callback(_close_connections, libp2p_host)
         # py-libp2p logs a failed listen (port in use...) and carries on.
         if len(libp2p_host.get_transport_addrs()) < len(listen):
             error = ConfigError(f"cannot listen on {', '.join(config.listen)}: the address is "

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -182,19 +182,36 @@ class FramedStream:
             self._frames_sent += 1
 
     async def _write(self, frame: bytes) -> None:
-        # A write cut off half-way leaves a partial frame on the wire, so any
-        # failure or cancellation here ends the stream.
         async with _locked(self._write_lock):
             try:
-                await self._net.write(frame)
+                await self._finish_write(self._net.write, frame)
             except StreamError as exc:
                 self._fail(StreamClosedError(f"stream to {self.peer_id} closed while sending"))
                 raise self._error from exc  # type: ignore[misc]
-            except BaseException:
-                self._fail(StreamClosedError("a send was cancelled mid-frame"))
-                with trio.CancelScope(shield=True):
-                    await self._reset_quietly()
+            except StreamClosedError:
                 raise
+            except BaseException:  # a muxer fault mid-frame: this stream is unusable
+                self._fail(StreamClosedError(f"a send to {self.peer_id} failed mid-frame"))
+                await self._reset_quietly()
+                raise
+
+    async def _finish_write(self, write: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run one write on the libp2p stream to its end, even if cancelled meanwhile.
+
+        A p2pdl frame may span several Yamux frames; cut between them, it would
+        leave half a frame in the stream and the stream would have to be
+        reset.  So the write is shielded and a cancellation takes effect right
+        after it: a timed-out call leaves its stream usable.  (Each Yamux
+        frame is also written whole, for the connection's sake: ``net._yamux``.)
+        Bounded by ``send_timeout``.
+        """
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + self._config.send_timeout
+            await write(*args)
+        if scope.cancelled_caught:
+            self._fail(StreamClosedError(f"stream to {self.peer_id}: a write took over "
+                                         f"{self._config.send_timeout:.0f} s"))
+            raise self._error  # type: ignore[misc]
 
     async def close_write(self) -> None:
         """Tell the peer we will send nothing more (half-close).  Idempotent."""
@@ -204,8 +221,8 @@ class FramedStream:
             self._write_closed = True
             async with self._write_lock:
                 try:
-                    await self._net.close_write()
-                except StreamError:
+                    await self._finish_write(self._net.close_write)
+                except (StreamError, StreamClosedError):
                     pass
 
     # -- receiving --------------------------------------------------------
@@ -344,9 +361,11 @@ class FramedStream:
                 continue
             try:
                 async with _locked(self._write_lock):
-                    await self._net.write(encode_credit(owed))
+                    await self._finish_write(self._net.write, encode_credit(owed))
             except StreamError:
                 self._fail(StreamClosedError(f"stream with {self.peer_id} was reset"))
+            except StreamClosedError:
+                pass  # recorded by _finish_write
 
     # -- failure and teardown ---------------------------------------------
 
@@ -372,7 +391,8 @@ class FramedStream:
         await self._abort(StreamClosedError("stream was reset locally"))
 
     async def _reset_quietly(self) -> None:
-        with trio.move_on_after(TEARDOWN_TIMEOUT):
+        # Shielded, so that a reset asked for is a reset sent.
+        with trio.CancelScope(shield=True), trio.move_on_after(TEARDOWN_TIMEOUT):
             try:
                 await self._net.reset()
             except Exception:  # the stream may already be gone; nothing to add

@@ -16,6 +16,7 @@ import trio.lowlevel
 from libp2p import new_host
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.crypto.rsa import create_new_key_pair as create_rsa_key_pair
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
 from libp2p.security.secio import transport as secio
@@ -254,3 +255,27 @@ async def test_inbound_streams_per_peer_are_bounded():
         hold.set()
         await trio.sleep(2.5)  # the handlers end; their streams linger up to CLOSE_LINGER
         assert await b.ping(a.peer_id) < 5  # then the peer is served again
+
+
+async def test_a_node_that_stops_closes_its_connections_at_once():
+    # py-libp2p's host.run() leaves connections open when it ends; a node in a
+    # process that goes on must not look alive to its peers.
+    async with open_nodes(3) as peers:
+        async with open_node(NodeConfig.build(listen=LOOPBACK,
+                                              initial_peers=peers[0].addrs[:1])) as leaving:
+            for peer in peers[1:]:
+                await leaving.connect(peer.addrs[0])
+            assert all(p.host.is_connected(leaving.peer_id) for p in peers)
+        with trio.fail_after(3):
+            while any(p.host.is_connected(leaving.peer_id) for p in peers):
+                await trio.sleep(0.02)
+
+
+async def test_known_addresses_are_remembered_and_bad_ones_skipped(two_nodes):
+    a, b = two_nodes
+    peer = ID.from_pubkey(create_new_key_pair().public_key)
+    kept = a.host.add_addrs(peer, ["/ip4/127.0.0.1/tcp/1", "not an address",
+                                   f"/ip4/127.0.0.1/tcp/2/p2p/{peer}"])
+    assert kept == 2
+    assert a.host.known_addrs(peer) == ["/ip4/127.0.0.1/tcp/1", "/ip4/127.0.0.1/tcp/2"]
+    assert b.host.known_addrs(a.peer_id) == [a.addrs[0].split("/p2p/")[0]]  # b dialled a

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 import trio
 
 from p2pdl import NodeConfig
@@ -14,12 +15,13 @@ from p2pdl.errors import (
     PeerUnreachableError,
     ProtocolNotSupportedError,
     RemoteError,
+    RemoteProtocolError,
     RequestError,
     StreamClosedError,
 )
 from p2pdl.nat import ReachabilityConfig
 from p2pdl.testing import open_nodes
-from p2pdl.wire import PING, Message, PingRequest, RpcProtocol, WireConfig
+from p2pdl.wire import PING, Message, MessageSet, PingRequest, RpcProtocol, WireConfig
 
 from .test_messages import Hello
 
@@ -126,6 +128,43 @@ async def test_call_timeout_then_the_stream_is_still_usable(two_nodes):
         await b.call(a.peer_id, WORK, Work(1, delay=2), timeout=0.3)
     assert trio.current_time() - start < 1.5
     assert await b.call(a.peer_id, WORK, Work(3)) == Result(6)
+
+
+async def test_a_handler_rejecting_a_request_resets_only_that_stream(two_nodes):
+    a, b = two_nodes
+
+    async def strict(ctx, req: Work):
+        if req.value < 0:
+            raise RemoteProtocolError("negative values are against the protocol")
+        return Result(req.value)
+
+    a.serve(WORK, strict)
+    for _ in range(5):  # the caller learns at once, and the connection stays usable
+        start = trio.current_time()
+        with pytest.raises(StreamClosedError):
+            await b.call(a.peer_id, WORK, Work(-1), timeout=10)
+        assert trio.current_time() - start < 2
+        assert await b.call(a.peer_id, WORK, Work(7)) == Result(7)
+    assert len(b.host.libp2p.get_network().connections[a.peer_id]) == 1
+
+
+async def test_cancelled_sends_never_break_the_connection(two_nodes):
+    # py-libp2p's Noise layer advances its nonce before writing: a write cut
+    # short by cancellation used to break every stream of the connection.
+    a, b = two_nodes
+    received: list[int] = []
+
+    async def sink(stream):
+        while (item := await stream.receive(MessageSet())) is not None:
+            received.append(len(item.data))
+
+    a.set_stream_handler("/test/sink/1.0.0", sink)
+    for delay in (0.0, 0.001, 0.01, 0.05):
+        with trio.move_on_after(delay):
+            async with b.open_stream(a.peer_id, "/test/sink/1.0.0") as stream:
+                await stream.send_tensor(torch.zeros(4 << 20))
+        assert await b.ping(a.peer_id, timeout=5) < 5
+    assert len(b.host.libp2p.get_network().connections[a.peer_id]) == 1
 
 
 async def test_unsupported_protocol(two_nodes):
