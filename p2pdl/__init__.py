@@ -4,10 +4,13 @@ Layers, bottom to top (docs/architecture.md has the map):
 
 * ``p2pdl.net`` -- the libp2p host: TCP + Noise + Yamux, identity, peers.
 * ``p2pdl.wire`` -- framing, typed messages, tensor frames, flow control, RPC.
+* ``p2pdl.nat`` -- reachability by dial-back, client mode, relay use.
+* ``p2pdl.dht`` -- Kademlia DHT: discovery, signed dictionary records (``node.dht``).
 * ``p2pdl._node`` -- the node: :func:`open_node` (trio), :class:`Node` (sync,
   with ``node.aio`` for asyncio).
 * ``p2pdl.cli`` -- the ``p2pdl`` command.
 * ``p2pdl.testing`` -- real nodes on loopback for tests and simulations.
+* ``p2pdl.netlab`` -- the emulated internet (network namespaces, NAT, caps).
 """
 
 from ._node import AsyncioNode as AsyncioNode
@@ -16,6 +19,9 @@ from ._node import NodeConfig as NodeConfig
 from ._node import TrioNode as TrioNode
 from ._node import open_node as open_node
 from ._version import __version__ as __version__
+from .dht import DHTConfig as DHTConfig
+from .dht import Schema as Schema
+from .dht import ValueWithExpiration as ValueWithExpiration
 from .errors import CallTimeoutError as CallTimeoutError
 from .errors import ConfigError as ConfigError
 from .errors import IdentityError as IdentityError

@@ -29,6 +29,7 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 
 from ._concurrency import open_service_nursery
+from .dht import DHT_PROTOCOL, DHTConfig, DHTService, GroupPeer, Schema, ValueWithExpiration
 from .errors import CallTimeoutError, ConfigError, LocalProtocolError, NodeClosedError, P2PDLError
 from .nat import DIALBACK, NatService, Reachability, ReachabilityConfig
 from .net import Host, HostConfig, open_host
@@ -54,11 +55,18 @@ T = TypeVar("T")
 
 @dataclasses.dataclass(frozen=True)
 class NodeConfig:
-    """Everything a node needs.  ``host`` and ``wire`` hold the layers' settings."""
+    """Everything a node needs: each layer's settings.
+
+    ``dht_schemas`` are the rules for DHT key prefixes this node validates
+    (besides the built-in ones); every node of a collaboration should have
+    the same.
+    """
 
     host: HostConfig = HostConfig()
     wire: WireConfig = WireConfig()
     nat: ReachabilityConfig = ReachabilityConfig()
+    dht: DHTConfig = DHTConfig()
+    dht_schemas: tuple[Schema, ...] = ()
 
     @classmethod
     def build(cls, config: NodeConfig | None = None, **host_fields: Any) -> NodeConfig:
@@ -96,6 +104,10 @@ class TrioNode:
         self._nat = NatService(host, self._rpc.call, config.nat)
         self.serve(DIALBACK, self._nat.handle)  # type: ignore[arg-type]
         nursery.start_soon(self._nat.serve)
+        self._dht = DHTService(host, self._rpc.call, config.dht, self._nat,
+                               schemas=config.dht_schemas)
+        self.serve(DHT_PROTOCOL, self._dht.handle)
+        nursery.start_soon(self._dht.serve)
 
     # -- identity and peers -------------------------------------------------
 
@@ -111,6 +123,11 @@ class TrioNode:
     def host(self) -> Host:
         """The host layer, for the protocol layers built on this node."""
         return self._host
+
+    @property
+    def dht(self) -> DHTService:
+        """The DHT: ``store``, ``get``, ``announce``, ``find_peers`` (docs/dht.md)."""
+        return self._dht
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -215,7 +232,8 @@ class TrioNode:
                 "rpc_channels": self._rpc.open_channels(),
                 "reachability": self.reachability.value, "client_mode": self.client_mode,
                 "relay_reservations": len(self._host.relay_reservations()),
-                "paths": {k: paths.count(k) for k in ("direct", "hole-punched", "relayed")}}
+                "paths": {k: paths.count(k) for k in ("direct", "hole-punched", "relayed")},
+                "dht": self._dht.statistics()}
 
     def _close(self) -> None:
         self._rpc.close()
@@ -327,6 +345,7 @@ class Node:
             raise self._startup_error
         atexit.register(self.shutdown)
         self.aio = AsyncioNode(self)
+        self.dht = SyncDHT(self)
 
     def _thread_main(self) -> None:
         try:
@@ -503,6 +522,7 @@ class AsyncioNode:
 
     def __init__(self, node: Node) -> None:
         self._node = node
+        self.dht = AsyncioDHT(self)
 
     async def _await(self, fn: Callable[[TrioNode], Awaitable[T]]) -> T:
         return await asyncio.wrap_future(self._node._submit(fn))
@@ -525,6 +545,103 @@ class AsyncioNode:
 
     async def shutdown(self) -> None:
         await asyncio.to_thread(self._node.shutdown)
+
+
+def _dht_op(fn: Callable[[DHTService], Awaitable[T]],
+            timeout: float | None) -> Callable[[TrioNode], Awaitable[T]]:
+    """``fn(node.dht)``, bounded by ``timeout`` on the trio side (CallTimeoutError)."""
+    async def run(node: TrioNode) -> T:
+        if timeout is None:
+            return await fn(node.dht)
+        with trio.move_on_after(timeout):
+            return await fn(node.dht)
+        raise CallTimeoutError(f"the DHT operation did not finish within {timeout} s")
+    return run
+
+
+class SyncDHT:
+    """``node.dht`` of a sync :class:`Node`: the DHT operations, blocking.
+
+    Each method waits at most ``timeout`` seconds (default: the DHT's
+    ``operation_timeout``) or, with ``return_future=True``, returns a
+    :class:`concurrent.futures.Future` at once.  See :class:`DHTService`.
+    """
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def _do(self, fn: Callable[[DHTService], Awaitable[T]], timeout: float | None,
+            return_future: bool) -> Any:
+        limit = self._node.config.dht.operation_timeout if timeout is None else timeout
+        return self._node._run(_dht_op(fn, timeout), limit + 5.0, return_future)
+
+    def store(self, key: str, value: Any, expiration_time: float, subkey: str | None = None, *,
+              timeout: float | None = None, return_future: bool = False) -> Any:
+        return self._do(lambda d: d.store(key, value, expiration_time, subkey), timeout,
+                        return_future)
+
+    def get(self, key: str, latest: bool = False, *, timeout: float | None = None,
+            return_future: bool = False) -> Any:
+        return self._do(lambda d: d.get(key, latest), timeout, return_future)
+
+    def announce(self, group: str, expiration_time: float, *, timeout: float | None = None,
+                 return_future: bool = False) -> Any:
+        return self._do(lambda d: d.announce(group, expiration_time), timeout, return_future)
+
+    def find_peers(self, group: str, *, timeout: float | None = None,
+                   return_future: bool = False) -> Any:
+        return self._do(lambda d: d.find_peers(group), timeout, return_future)
+
+    def own_subkey(self, name: str = "") -> str:
+        return self._node._live().dht.own_subkey(name)
+
+    def now(self) -> float:
+        return self._node._live().dht.now()
+
+    def register_schema(self, schema: Schema) -> None:
+        self._do(_async(lambda d: d.register_schema(schema)), 10.0, False)
+
+    def statistics(self) -> dict[str, Any]:
+        return self._do(_async(lambda d: d.statistics()), 10.0, False)
+
+
+class AsyncioDHT:
+    """``node.aio.dht``: the DHT operations as asyncio coroutines."""
+
+    def __init__(self, aio: AsyncioNode) -> None:
+        self._aio = aio
+
+    async def _do(self, fn: Callable[[DHTService], Awaitable[T]], timeout: float | None) -> T:
+        return await self._aio._await(_dht_op(fn, timeout))
+
+    async def store(self, key: str, value: Any, expiration_time: float,
+                    subkey: str | None = None, *, timeout: float | None = None) -> bool:
+        return await self._do(lambda d: d.store(key, value, expiration_time, subkey), timeout)
+
+    async def get(self, key: str, latest: bool = False, *,
+                  timeout: float | None = None) -> ValueWithExpiration[Any] | None:
+        return await self._do(lambda d: d.get(key, latest), timeout)
+
+    async def announce(self, group: str, expiration_time: float, *,
+                       timeout: float | None = None) -> bool:
+        return await self._do(lambda d: d.announce(group, expiration_time), timeout)
+
+    async def find_peers(self, group: str, *, timeout: float | None = None) -> list[GroupPeer]:
+        return await self._do(lambda d: d.find_peers(group), timeout)
+
+    def own_subkey(self, name: str = "") -> str:
+        """This node's own signed subkey (no waiting: it is derived from the peer id)."""
+        return self._aio._node.dht.own_subkey(name)
+
+    def now(self) -> float:
+        """The DHT's clock (wall-clock seconds)."""
+        return self._aio._node.dht.now()
+
+    async def register_schema(self, schema: Schema) -> None:
+        await self._do(_async(lambda d: d.register_schema(schema)), 10.0)
+
+    async def statistics(self) -> dict[str, Any]:
+        return await self._do(_async(lambda d: d.statistics()), 10.0)
 
 
 def _settle(future: concurrent.futures.Future[Any], *, result: Any = None,
@@ -550,4 +667,4 @@ def _outer(timeout: float | None) -> float | None:
     return None if timeout is None else timeout + 5.0
 
 
-__all__ += ["AsyncioNode"]
+__all__ += ["AsyncioNode", "SyncDHT", "AsyncioDHT"]

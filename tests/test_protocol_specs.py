@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import pathlib
 import re
 
+import p2pdl.dht as dht
 import p2pdl.nat as nat
 import p2pdl.wire as wire
+from p2pdl.dht import DHT_PROTOCOL_ID, GROUP_PREFIX, DHTConfig, GroupMember, RoutingTable
+from p2pdl.dht import _messages as dht_messages
+from p2pdl.dht import config as dht_config
+from p2pdl.dht._service import MAINTENANCE_TICK, MIN_BOOTSTRAP_SPACING, REPUBLISH_CONCURRENCY
+from p2pdl.dht._validation import SIGNATURE_DOMAIN, signing_payload
 from p2pdl.nat import DIALBACK_PROTOCOL_ID, ReachabilityConfig
 from p2pdl.nat._messages import MAX_DIALBACK_ADDRS
 from p2pdl.net import HostConfig, RelayLimits
@@ -18,7 +26,8 @@ from p2pdl.wire._ping import MAX_PING_PAYLOAD
 SPECS = pathlib.Path(__file__).resolve().parents[1] / "protocols"
 
 #: Protocol ids defined in the code, by spec file.
-CODE_IDS = {"ping.md": PING_PROTOCOL_ID, "transport.md": DIALBACK_PROTOCOL_ID}
+CODE_IDS = {"ping.md": PING_PROTOCOL_ID, "transport.md": DIALBACK_PROTOCOL_ID,
+            "dht.md": DHT_PROTOCOL_ID}
 
 
 def spec(name: str) -> str:
@@ -36,6 +45,11 @@ def definitions(text: str) -> dict[str, str]:
     return rows
 
 
+def section(text: str, title: str) -> str:
+    """The text of the ``## title`` section of a spec."""
+    return text.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
 def number(value: str) -> float:
     return float(re.match(r"[0-9.]+", value).group())
 
@@ -49,7 +63,7 @@ def test_every_spec_states_its_protocol_id_literally():
 
 
 def test_every_protocol_id_in_the_code_has_a_spec():
-    ids_in_code = {v for module in (wire, nat) for k, v in vars(module).items()
+    ids_in_code = {v for module in (wire, nat, dht) for k, v in vars(module).items()
                    if k.endswith("PROTOCOL_ID")}
     assert ids_in_code <= set(CODE_IDS.values())
     for protocol_id in CODE_IDS.values():
@@ -107,3 +121,86 @@ def test_transport_definitions_match_the_code():
     assert number(rows["REFRESH_AT"]) == REFRESH_AT
     assert number(rows["MAX_RELAY_ROUTES"]) == MAX_RELAY_ROUTES
     assert number(rows["MAX_DIALBACK_ADDRS"]) == MAX_DIALBACK_ADDRS
+
+
+def test_dht_definitions_match_the_code():
+    text = spec("dht.md")
+    rows = definitions(text)
+    # Every hard limit: the upper-case integer constants of the config and the messages.
+    limits = {name: value for module in (dht_config, dht_messages)
+              for name, value in vars(module).items()
+              if name.isupper() and type(value) is int and name != "KiB"}
+    assert {"MAX_KEY_LENGTH", "MAX_STORE_ITEMS", "STORE_BATCH_BYTES", "MAX_RECORD_SIZE",
+            "TARGET_SIZE", "MAX_PEER_ID_SIZE", "MAX_RESULT_LENGTH"} <= limits.keys()
+    for name, value in limits.items():
+        assert number(rows[name]) == value, name
+    assert number(rows["KEY_BITS"]) == dht.KEY_BITS
+    # Every DHTConfig default: the numbers in the table, the mode and the backoff in words.
+    defaults = DHTConfig()
+    numeric = [f.name for f in dataclasses.fields(DHTConfig)
+               if type(getattr(defaults, f.name)) in (int, float)]
+    assert {"k", "alpha", "replication", "max_ttl"} <= set(numeric)
+    for field in numeric:
+        assert number(rows[field]) == getattr(defaults, field), field
+    assert rows["mode"] == f"`{defaults.mode}`"
+    backoff = defaults.bootstrap_backoff
+    assert backoff.multiplier == 2
+    assert f"{backoff.initial:g} s doubling to {backoff.maximum:g} s" in text
+    assert f"[{1 - backoff.jitter:g}, {1 + backoff.jitter:g}]" in text
+    assert number(rows["MAINTENANCE_TICK"]) == MAINTENANCE_TICK
+    assert number(rows["MIN_BOOTSTRAP_SPACING"]) == MIN_BOOTSTRAP_SPACING
+    assert number(rows["REPUBLISH_CONCURRENCY"]) == REPUBLISH_CONCURRENCY
+    table = inspect.signature(RoutingTable).parameters
+    for field in ("replacement_cache", "max_failures"):
+        assert number(rows[field]) == table[field].default, field
+    assert number(rows["refresh_interval"]) == table["refresh_interval"].default
+
+
+def test_dht_records_match_the_code():
+    text = spec("dht.md")
+    assert f'SIGNATURE_DOMAIN = "{SIGNATURE_DOMAIN}"' in text
+    assert signing_payload("k", "@x", b"\x01", 1).hex() in text
+    assert f"`{GROUP_PREFIX}`" in text
+    # The merge rule is quoted from the module that implements it.
+    rule = dht._records.__doc__.split("\n\n", 1)[1].strip()
+    assert " ".join(rule.split()) in " ".join(section(text, "Records").split())
+
+
+def test_dht_messages_match_the_code():
+    messages = section(spec("dht.md"), "Messages")
+    protocol = dht.DHT_PROTOCOL
+    for message in (*protocol.requests, *protocol.responses):
+        if message.TAG == "error":
+            continue  # wire.md's error reply
+        assert f"| `{message.TAG}` |" in messages, message.TAG
+        for field in dataclasses.fields(message):
+            assert f"| `{field.name}` |" in messages, (message.TAG, field.name)
+    for nested in (dht_messages.PeerEntry, dht_messages.WireItem, GroupMember):
+        text = messages if nested is not GroupMember else spec("dht.md")
+        assert f"`{nested.TAG}`" in text, nested.TAG
+        for field in dataclasses.fields(nested):
+            assert f"| `{field.name}` |" in text, (nested.TAG, field.name)
+
+
+#: Every reason a store result (``dht.stored``) can give: the Validator's
+#: (``InvalidRecord``), the RecordStore's own and a DHT client's.  The test
+#: below checks this list against the code, and the spec against this list.
+STORE_REASONS = {"older", "full", "expired", "too_far_ahead", "too_large", "bad_value",
+                 "bad_signature", "bad_owner", "bad_key", "bad_subkey", "schema", "unavailable"}
+
+
+def test_dht_store_reasons_and_error_codes_match_the_code():
+    code = pathlib.Path(dht.__file__).parent
+    validation = set(re.findall(r'InvalidRecord\(\s*"(\w+)"',
+                                (code / "_validation.py").read_text()))
+    store = set(re.findall(r'return \(?f?"(\w+): ', (code / "_records.py").read_text()))
+    service = (code / "_service.py").read_text()
+    client = set(re.findall(r'Stored\(\[f?"(\w+): ', service))
+    assert store == {"older", "full"} and client == {"unavailable"}
+    assert validation | store | client == STORE_REASONS
+    errors = section(spec("dht.md"), "Errors")
+    assert set(re.findall(r"^\| `(\w+)` \|", errors, re.MULTILINE)) == STORE_REASONS
+    request_errors = set(re.findall(r'RequestError\(\s*"(\w+)"', service))
+    assert request_errors == {"bad_request"}
+    for error in request_errors:
+        assert error in wire.ERROR_CODES and f"`{error}`" in errors, error

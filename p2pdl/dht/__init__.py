@@ -1,15 +1,25 @@
-"""DHT layer: peer discovery and signed dictionary records (work in progress, issue 4).
+"""DHT layer: peer discovery and signed dictionary records (protocols/dht.md, docs/dht.md).
 
-So far the sans-IO core, shared by real nodes and the scale simulator
-(``simulations/dht_scale.py``):
+A Kademlia DHT on p2pdl nodes.  A key holds a plain value or a dictionary
+of subkeys, each with its own expiration; owned subkeys (``@<peer id>``)
+can be written only by their peer.  Every replica and every getter
+validates what it sees.  Reach it as ``node.dht``.  Modules:
 
-* ``_keys`` -- the 256-bit key space (SHA-256 of peer ids and record keys), XOR distance.
-* ``_routing`` -- :class:`RoutingTable`: k-buckets, replacement cache, refresh keys.
-* ``_lookup`` -- :class:`Lookup`: iterative lookups, alpha in flight, k nearest.
+* ``config`` -- :class:`DHTConfig` (documented defaults) and the wire's hard limits.
+* ``_keys`` -- the 256-bit key space (SHA-256 of peer ids and keys), XOR distance.
+* ``_routing`` -- :class:`RoutingTable`: k-buckets, replacement cache, refresh keys (sans-IO).
+* ``_lookup`` -- :class:`Lookup`: iterative lookups, alpha in flight, k nearest (sans-IO).
+* ``_validation`` -- :class:`Schema`, :class:`Validator`, owned subkeys, signatures (sans-IO).
+* ``_records`` -- items, the merge rule, :class:`RecordStore` (sans-IO).
+* ``_messages`` -- the protocol ``/p2pdl/dht/1.0.0``.
+* ``_service`` -- :class:`DHTService`: serving, lookups, store/get, bootstrap,
+  refresh, republish, expiry, groups.
 
-py-libp2p's ``kad_dht`` is not used: its routing and lookups do I/O inside
-(so they cannot drive a 10,000-peer simulation), its records have no
-per-writer subkeys, and ``put_value`` reports nothing on failure.
+The sans-IO parts also drive the 10,000-peer simulator
+(``simulations/dht_scale.py``).  py-libp2p's ``kad_dht`` is not used: its
+routing and lookups do I/O inside (so they cannot drive a simulation), its
+records have no per-writer subkeys, and ``put_value`` reports nothing on
+failure.
 """
 
 from ._keys import KEY_BITS as KEY_BITS
@@ -18,5 +28,23 @@ from ._keys import distance as distance
 from ._keys import key_of as key_of
 from ._lookup import Lookup as Lookup
 from ._lookup import LookupStats as LookupStats
+from ._messages import DHT_PROTOCOL as DHT_PROTOCOL
+from ._messages import DHT_PROTOCOL_ID as DHT_PROTOCOL_ID
+from ._records import Item as Item
+from ._records import Record as Record
+from ._records import RecordStore as RecordStore
 from ._routing import Contact as Contact
 from ._routing import RoutingTable as RoutingTable
+from ._service import GROUP_PREFIX as GROUP_PREFIX
+from ._service import GROUP_SCHEMA as GROUP_SCHEMA
+from ._service import DHTService as DHTService
+from ._service import GroupMember as GroupMember
+from ._service import GroupPeer as GroupPeer
+from ._service import ValueWithExpiration as ValueWithExpiration
+from ._validation import InvalidRecord as InvalidRecord
+from ._validation import Schema as Schema
+from ._validation import Validator as Validator
+from ._validation import owned_subkey as owned_subkey
+from ._validation import owner_of as owner_of
+from .config import DHTConfig as DHTConfig
+

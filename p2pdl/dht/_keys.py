@@ -2,7 +2,8 @@
 
 Peers and records share one space: a peer's key is the SHA-256 of its peer id
 bytes, a record's key the SHA-256 of the user's key (as libp2p's Kademlia
-does), so neither can be chosen to land next to a victim.
+does), so a node cannot simply claim a position; it can still generate
+identities until one lands near a key (a Sybil attack), which this does not stop.
 """
 
 from __future__ import annotations

@@ -1,10 +1,15 @@
 """Iterative Kademlia lookups (sans-IO: the caller sends the queries).
 
 A :class:`Lookup` keeps the candidates nearest to a target, says whom to
-query next (at most ``alpha`` at once, nearest unqueried first), takes each
-answer's closer contacts in, and finishes when the ``k`` nearest candidates
-that did not fail have all answered.  The same object drives real nodes and
-the scale simulator.
+query next (nearest unqueried first), takes each answer's closer contacts
+in, and finishes when the ``k`` nearest candidates that did not fail have
+all answered.  While answers bring nearer peers, at most ``alpha`` queries
+are in flight; once an answer brings none nearer than the nearest already
+known, the lookup has converged and asks every one of the ``k`` nearest not
+yet asked at once (the rule of the Kademlia paper), which saves round trips
+at the end of every lookup that must reach the k nearest (stores, latest
+gets, joins).  A get that stops at the first value stays ``alpha`` wide.
+The same object drives real nodes and the scale simulator.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ class Lookup:
         self.max_queries = max_queries if max_queries is not None else 8 * k
         self._local = local
         self._candidates: dict[Hashable, _Candidate] = {}
+        self._converged = False  # the last answer brought no nearer peer
         self._queries = 0
         self._failures = 0
         self.values: list[tuple[Contact, Any]] = []
@@ -101,7 +107,10 @@ class Lookup:
         if self.stop_at_value and self.values:
             return []
         out = []
-        budget = min(self.alpha - self.in_flight, self.max_queries - self._queries)
+        # A plain get stays alpha wide: any replica will do, and the nearest
+        # few usually hold the value, so a wide fan-out would mostly waste queries.
+        width = self.k if self._converged and not self.stop_at_value else self.alpha
+        budget = min(width - self.in_flight, self.max_queries - self._queries)
         for candidate in self._nearest():
             if budget <= 0:
                 break
@@ -112,17 +121,30 @@ class Lookup:
                 out.append(candidate.contact)
         return out
 
-    def on_response(self, peer: Hashable, closer: Iterable[Contact], value: Any = None) -> None:
+    def on_response(self, peer: Hashable, closer: Iterable[Contact], value: Any = None, *,
+                    usable: bool = True) -> None:
+        """``peer`` answered with ``closer`` contacts (and a value, if found).
+
+        ``usable=False``: the peer answered but is no candidate itself (a
+        DHT client): its contacts are taken, it is not among the nearest.
+        """
         candidate = self._candidates.get(peer)
         if candidate is None or candidate.state is not _State.IN_FLIGHT:
             return  # late or unsolicited: ignore
-        candidate.state = _State.ANSWERED
+        before = self._nearest_distance()
+        candidate.state = _State.ANSWERED if usable else _State.FAILED
         for contact in closer:
             self._add(contact, hops=candidate.hops + 1)
+        self._converged = self._nearest_distance() >= before
         if value is not None:
             self.values.append((candidate.contact, value))
             if self._value_hops is None:
                 self._value_hops = candidate.hops
+
+    def _nearest_distance(self) -> float:
+        alive = [distance(c.contact.key, self.target) for c in self._candidates.values()
+                 if c.state is not _State.FAILED]
+        return min(alive, default=float("inf"))
 
     def on_failure(self, peer: Hashable) -> None:
         candidate = self._candidates.get(peer)

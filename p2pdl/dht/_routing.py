@@ -54,7 +54,7 @@ class RoutingTable:
             collections.OrderedDict() for _ in range(KEY_BITS)]
         self._replacements: list[collections.OrderedDict[Hashable, Contact]] = [
             collections.OrderedDict() for _ in range(KEY_BITS)]
-        self._touched = [0.0] * KEY_BITS
+        self._touched = [float("-inf")] * KEY_BITS  # never looked into
 
     def __len__(self) -> int:
         return sum(len(b) for b in self._buckets)

@@ -328,10 +328,12 @@ class Host:
     def connected_peers(self) -> list[ID]:
         return [p for p, conns in self._host.get_network().connections.items() if conns]
 
-    async def wait_connections_changed(self, timeout: float) -> None:
-        """Return when a connection opens or closes, or after ``timeout`` seconds."""
+    async def wait_connections_changed(self, timeout: float) -> bool:
+        """Return when a connection opens or closes (True), or after ``timeout`` seconds (False)."""
         with trio.move_on_after(timeout):
             await self._watcher.changed.wait()
+            return True
+        return False
 
     async def connect(self, address: str | multiaddr.Multiaddr | PeerInfo,
                       timeout: float | None = None) -> ID:

@@ -6,6 +6,10 @@
 * :func:`loopback_config` -- a :class:`~p2pdl.NodeConfig` listening on loopback only.
 * :func:`open_agent` -- a node process driven by JSON commands (status, connect,
   ping, send), for scenarios across processes and network namespaces.
+* :func:`wait_for_dht` -- until in-process nodes' DHT routing tables are filled.
+* :func:`open_swarm_agents` -- processes of several nodes each
+  (``python -m p2pdl.testing.swarm_agent``), driven by JSON commands (DHT
+  store/get), for scenarios with many nodes.
 * :func:`task_names` -- every task of the trio run, to check that nothing is left over.
 """
 
@@ -19,3 +23,5 @@ from ._swarm import open_node_process as open_node_process
 from ._swarm import open_node_processes as open_node_processes
 from ._swarm import open_nodes as open_nodes
 from ._swarm import task_names as task_names
+from ._swarm import wait_for_dht as wait_for_dht
+from ._swarm_agent import open_swarm_agents as open_swarm_agents

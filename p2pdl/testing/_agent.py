@@ -27,7 +27,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -98,30 +98,42 @@ async def _execute(node: TrioNode, command: dict[str, Any]) -> Any:
     raise ValueError(f"unknown command {op!r}")
 
 
-async def _main(config: NodeConfig) -> None:
+async def serve_commands(execute: Callable[[dict[str, Any]], Awaitable[Any]],
+                         ready: dict[str, Any]) -> None:
+    """Print ``{"ready": ...}``, then answer each JSON command line on stdin.
+
+    ``execute(command)`` returns the result; a P2PDLError, a timeout, or a
+    bad command comes back as ``{"error": ...}`` and the loop goes on.  Ends
+    at ``{"op": "quit"}`` or when stdin closes.
+    """
     stdin = trio.lowlevel.FdStream(os.dup(sys.stdin.fileno()))
+    print(json.dumps({"ready": ready}), flush=True)
+    buffer = b""
+    async with stdin:
+        while True:
+            chunk = await stdin.receive_some(65536)
+            if not chunk:
+                return
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if not line.strip():
+                    continue
+                command = json.loads(line)
+                if command.get("op") == "quit":
+                    return
+                try:
+                    reply: dict[str, Any] = {"result": await execute(command)}
+                except (P2PDLError, trio.TooSlowError, ValueError, KeyError,
+                        IndexError) as exc:
+                    reply = {"error": f"{type(exc).__name__}: {exc}"}
+                print(json.dumps(reply), flush=True)
+
+
+async def _main(config: NodeConfig) -> None:
     async with open_node(config) as node:
         node.set_stream_handler(SINK, _sink)
-        print(json.dumps({"ready": _status(node)}), flush=True)
-        buffer = b""
-        async with stdin:
-            while True:
-                chunk = await stdin.receive_some(65536)
-                if not chunk:
-                    return
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if not line.strip():
-                        continue
-                    command = json.loads(line)
-                    if command.get("op") == "quit":
-                        return
-                    try:
-                        reply: dict[str, Any] = {"result": await _execute(node, command)}
-                    except (P2PDLError, trio.TooSlowError, ValueError, KeyError) as exc:
-                        reply = {"error": f"{type(exc).__name__}: {exc}"}
-                    print(json.dumps(reply), flush=True)
+        await serve_commands(lambda command: _execute(node, command), _status(node))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -208,9 +220,12 @@ class Agent:
 
 
 @asynccontextmanager
-async def open_agent(args: list[str], *, open_process: Any = None,
-                     timeout: float = 60.0) -> AsyncIterator[Agent]:
+async def open_agent(args: list[str], *, open_process: Any = None, timeout: float = 60.0,
+                     module: str = "p2pdl.testing.agent") -> AsyncIterator[Agent]:
     """Run an agent (``python -m p2pdl.testing.agent ARGS``) for the block.
+
+    ``module`` runs another agent speaking the same JSON lines
+    (``p2pdl.testing.swarm_agent``: several nodes in one process).
 
     ``open_process`` runs it elsewhere, e.g. ``host.open_process`` of a
     :mod:`p2pdl.netlab` host; by default a local child process.  The agent is
@@ -219,7 +234,7 @@ async def open_agent(args: list[str], *, open_process: Any = None,
     import subprocess
 
     spawn = open_process or trio.lowlevel.open_process
-    process = await spawn([sys.executable, "-m", "p2pdl.testing.agent", *args],
+    process = await spawn([sys.executable, "-m", module, *args],
                           stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     agent = Agent(process)
     try:

@@ -123,6 +123,26 @@ async def open_node_process(args: Sequence[str] = (), *, timeout: float = 30.0,
             nursery.cancel_scope.cancel()
 
 
+async def wait_for_dht(nodes: Sequence[TrioNode], contacts: int | None = None,
+                       timeout: float = 30.0) -> None:
+    """Wait until every node that can be a DHT server is one, and every node
+    has at least ``contacts`` routing-table contacts (default: every server
+    but itself, at most k)."""
+    deadline = trio.current_time() + timeout
+    while True:
+        servers = [n for n in nodes if n.config.dht.mode != "client" and not n.client_mode]
+        want = contacts if contacts is not None else \
+            min(len(servers) - 1, min(n.config.dht.k for n in nodes))
+        if all(n.dht.server_mode for n in servers) and \
+                all(len(n.dht.routing_table) >= want for n in nodes):
+            return
+        if trio.current_time() >= deadline:
+            sizes = [len(n.dht.routing_table) for n in nodes]
+            raise CallTimeoutError(f"DHT not ready within {timeout:.0f} s: routing tables "
+                                   f"{sizes}, want {want} contacts each")
+        await trio.sleep(0.05)
+
+
 def task_names() -> list[str]:
     """Names of every task of this trio run, depth first (to find leftovers)."""
     names: list[str] = []

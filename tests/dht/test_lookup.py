@@ -24,7 +24,7 @@ def test_lookup_converges_to_the_k_nearest_with_alpha_in_flight():
     lookup = Lookup(target, [Contact(p, peers[p]) for p in range(3)], k=5, alpha=3)
     while not lookup.done:
         batch = lookup.next_queries()
-        assert 0 < len(batch) <= 3 and lookup.in_flight <= 3
+        assert 0 < len(batch) <= 5 and lookup.in_flight <= 5
         for contact in batch:
             lookup.on_response(contact.peer, nearest_known_by(contact.peer) +
                                [Contact(q, peers[q]) for q in truth if q % 7 == contact.peer % 7])
@@ -32,6 +32,35 @@ def test_lookup_converges_to_the_k_nearest_with_alpha_in_flight():
     assert found == sorted(found, key=lambda p: distance(peers[p], target))
     assert set(found) <= set(peers) and len(found) == 5
     assert lookup.stats().hops >= 1
+
+
+def test_alpha_in_flight_while_answers_bring_nearer_peers_then_all_k_at_once():
+    far = [Contact(i, 1000 + i) for i in range(3)]
+    near = [Contact(100 + i, i) for i in range(1, 9)]  # keys 1..8, target 0
+    lookup = Lookup(0, far, k=6, alpha=2)
+    first = lookup.next_queries()
+    assert len(first) == 2
+    lookup.on_response(first[0].peer, near)  # nearer peers: still alpha wide
+    second = lookup.next_queries()
+    assert [c.peer for c in second] == [near[0].peer] and lookup.in_flight == 2
+    lookup.on_response(first[1].peer, near[:2])  # nothing nearer: converged
+    rest = lookup.next_queries()
+    assert [c.peer for c in rest] == [c.peer for c in near[1:6]]  # all at once
+    assert lookup.in_flight == 6
+    for contact in second + rest:
+        lookup.on_response(contact.peer, [])
+    assert lookup.done and lookup.next_queries() == []
+    assert [c.peer for c in lookup.closest()] == [c.peer for c in near[:6]]
+
+
+def test_a_peer_that_answers_but_is_no_candidate_only_refers():
+    lookup = Lookup(0, [Contact("client", 1)], k=2, alpha=1)
+    (client,) = lookup.next_queries()
+    lookup.on_response(client.peer, [Contact("a", 2), Contact("b", 3)], usable=False)
+    for _ in range(10):
+        for contact in lookup.next_queries():
+            lookup.on_response(contact.peer, [])
+    assert lookup.done and [c.peer for c in lookup.closest()] == ["a", "b"]
 
 
 def test_failures_are_skipped_and_values_stop_a_get():

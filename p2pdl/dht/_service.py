@@ -1,0 +1,730 @@
+"""The DHT service of a node: answers DHT requests, runs lookups, stores and gets.
+
+The logic is in the sans-IO parts (``_routing``, ``_lookup``, ``_records``,
+``_validation``); this module sends their queries over the node's RPC client
+and keeps the table fresh:
+
+* **bootstrap**: a lookup of the node's own key, seeded with the routing
+  table and every connected peer (initial peers among them), then a refresh
+  of every bucket; repeated with backoff while the table is empty, and again
+  whenever the node becomes a server (so that others learn about it);
+* **refresh**: a lookup of a random key in each bucket no lookup went
+  through for ``refresh_interval``;
+* **republish**: records the node published are stored again every
+  ``republish_interval`` until they expire; records it holds for others and
+  that no store refreshed for that long are re-sent to the nearest nodes;
+* **expiry**: expired items are pruned and never returned.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, Protocol, TypeVar
+
+import multihash  # py-libp2p's dependency: checks the structure of peer ids
+import trio
+from libp2p.peer.id import ID
+
+from ..errors import LocalProtocolError, P2PDLError, RemoteProtocolError, RequestError
+from ..net import Backoff, Host
+from ..wire import Message, RequestContext, RpcProtocol
+from ._keys import distance, key_of
+from ._lookup import Lookup
+from ._messages import (
+    DHT_PROTOCOL,
+    MAX_RESULT_LENGTH,
+    TARGET_SIZE,
+    Addrs,
+    FindNode,
+    FindValue,
+    Nodes,
+    PeerEntry,
+    Store,
+    Stored,
+    Value,
+    WireItem,
+)
+from ._records import Item, Record, RecordStore
+from ._routing import Contact, RoutingTable
+from ._validation import (
+    InvalidRecord,
+    Schema,
+    Validator,
+    encode_value,
+    owned_subkey,
+    owner_of,
+    sign,
+)
+from .config import (
+    MAX_CLOSER_PEERS,
+    MAX_PEER_ADDRS,
+    MAX_STORE_ITEMS,
+    STORE_BATCH_BYTES,
+    DHTConfig,
+)
+
+__all__ = ["DHTService", "ValueWithExpiration", "GroupPeer", "GROUP_PREFIX", "GroupMember",
+           "GROUP_SCHEMA"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+#: How often the maintenance task looks at refresh, republish and expiry (s).
+MAINTENANCE_TICK = 5.0
+#: Stores a republish pass runs at once.
+REPUBLISH_CONCURRENCY = 4
+#: Least time between two bootstraps (s).
+MIN_BOOTSTRAP_SPACING = 0.5
+
+#: The counters of :meth:`DHTService.statistics`.
+COUNTERS = ("stores", "stores_failed", "gets", "gets_not_found", "queries", "queries_failed",
+            "requests", "items_stored", "items_refused", "invalid_items_received",
+            "republished", "replicas_resent")
+
+#: Keys of group-membership records: ``p2pdl/group/<name>``.
+GROUP_PREFIX = "p2pdl/group/"
+
+
+class GroupMember(Message, tag="dht.group_member"):
+    """A peer's entry in a group: where to dial it, and whether it accepts connections."""
+
+    addrs: Addrs
+    client_mode: bool = False
+
+
+#: Built into every node: group records hold signed subkeys, one per member.
+GROUP_SCHEMA = Schema(GROUP_PREFIX, GroupMember, dictionary=True, signed_subkeys=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueWithExpiration(Generic[T]):
+    """A value found in the DHT and the wall-clock time it expires at.
+
+    For a dictionary key (``dictionary`` True), ``value`` maps each subkey to
+    its own :class:`ValueWithExpiration` and ``expiration`` is the latest of
+    them; a plain value that is a dict has ``dictionary`` False.
+    """
+
+    value: T
+    expiration: float
+    dictionary: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupPeer:
+    """A member of a group found by :meth:`DHTService.find_peers`."""
+
+    peer_id: ID
+    addrs: tuple[str, ...]
+    client_mode: bool
+    expiration: float
+
+
+class _Reachability(Protocol):
+    @property
+    def client_mode(self) -> bool: ...
+
+    @property
+    def reachability(self) -> Any: ...
+
+    async def wait_changed(self) -> None: ...
+
+
+Call = Callable[[ID, RpcProtocol, Message, float], Any]
+
+
+class DHTService:
+    """One node's part of the DHT.  The node creates it; reach it as ``node.dht``.
+
+    Args:
+        host: the node's host (addresses, connections).
+        call: the node's RPC call function.
+        config: :class:`DHTConfig`.
+        reachability: tells whether the node is public (``mode="auto"``).
+        schemas: rules for key prefixes, besides the built-in group schema.
+        clock: wall-clock time in seconds; expirations refer to it.
+    """
+
+    def __init__(self, host: Host, call: Call, config: DHTConfig, reachability: _Reachability,
+                 *, schemas: Iterable[Schema] = (),
+                 clock: Callable[[], float] = time.time) -> None:
+        self._host = host
+        self._call = call
+        self._config = config
+        self._reachability = reachability
+        self._clock = clock
+        self._peer_id = host.peer_id
+        self._key = key_of(self._peer_id.to_bytes())
+        self._table = RoutingTable(self._key, k=config.k,
+                                   refresh_interval=config.refresh_interval)
+        self._validator = Validator(config, (GROUP_SCHEMA, *schemas))
+        self._store = RecordStore(config, self._validator)
+        # (key, subkey) -> (item, when it was last stored, monotonic)
+        self._published: collections.OrderedDict[tuple[str, str | None], tuple[Item, float]] = (
+            collections.OrderedDict())
+        self._counters: collections.Counter[str] = collections.Counter()
+        self._table_changed = trio.Event()
+        self._table_version = 0  # grows whenever a contact enters the table
+
+    # -- what the node and the layers above read --------------------------------
+
+    @property
+    def server_mode(self) -> bool:
+        """Whether this node serves the DHT to others (and sits in their tables)."""
+        if self._config.mode != "auto":
+            return self._config.mode == "server"
+        return (not self._reachability.client_mode
+                and self._reachability.reachability.value == "public")
+
+    @property
+    def routing_table(self) -> RoutingTable:
+        return self._table
+
+    @property
+    def local_store(self) -> RecordStore:
+        return self._store
+
+    def now(self) -> float:
+        """The DHT's clock (wall-clock seconds): expirations are times of this clock."""
+        return self._clock()
+
+    def register_schema(self, schema: Schema) -> None:
+        """Validate every key under ``schema.prefix`` by its rules, from now on.
+
+        Every node of a collaboration should register the same schemas: each
+        replica validates what it stores, each getter what it receives.
+        """
+        self._validator.register(schema)
+
+    def own_subkey(self, name: str = "") -> str:
+        """A subkey only this node can write (signed by its key): ``@<peer id>[/name]``."""
+        return owned_subkey(self._peer_id, name)
+
+    def statistics(self) -> dict[str, Any]:
+        """Mode, sizes, and counters (every counter present, from 0): ``stores``,
+        ``stores_failed``, ``gets``, ``gets_not_found`` (gets that asked the
+        network; local hits are not counted), ``queries``, ``queries_failed``,
+        ``requests`` (answered for others), ``items_stored``, ``items_refused``,
+        ``invalid_items_received`` (dropped by this getter), ``republished``,
+        ``replicas_resent``."""
+        return {"mode": "server" if self.server_mode else "client",
+                "routing_table": len(self._table), "records": len(self._store),
+                "record_bytes": self._store.bytes, "published": len(self._published),
+                **{name: self._counters[name] for name in COUNTERS}}
+
+    async def wait_table_changed(self, timeout: float) -> None:
+        """Return when a contact enters the routing table, or after ``timeout`` s."""
+        with trio.move_on_after(timeout):
+            await self._table_changed.wait()
+
+    # -- the public operations ----------------------------------------------------
+
+    async def store(self, key: str, value: Any, expiration_time: float,
+                    subkey: str | None = None) -> bool:
+        """Store ``value`` under ``key`` (and ``subkey``) until ``expiration_time``.
+
+        ``value`` is anything msgpack can encode, or a :class:`Message` (for
+        keys with a schema).  A subkey from :meth:`own_subkey` is signed with
+        this node's key.  The record goes to the ``replication`` nodes nearest
+        to the key.  Returns True only when at least one of them (another
+        node) holds it afterwards.  The node republishes it until it expires.
+
+        Raises :class:`LocalProtocolError` for a record no node would accept
+        (too large, expired, too far ahead, against a schema, someone else's
+        owned subkey).
+        """
+        item = self._make_item(key, value, expiration_time, subkey)
+        self._remember_published(key, item)
+        return await self._store_items(key, [item])
+
+    async def get(self, key: str, latest: bool = False) -> ValueWithExpiration[Any] | None:
+        """The value of ``key``, or None if no node holds it.
+
+        With ``latest=False`` the first value found is returned (this node's
+        own copy, if it holds one).  With ``latest=True`` the lookup asks the
+        k nodes nearest to the key and merges their answers: for each subkey
+        the latest expiration wins.  A dictionary key's value is a dict
+        ``{subkey: ValueWithExpiration}``.  Items that fail validation (a
+        forged signature, a schema mismatch) are dropped.
+        """
+        _check_key(key)
+        record = Record()
+        now = self._clock()
+        for item in self._store.get(key, now):
+            record.offer(item)
+        if not (record and not latest):
+            with trio.move_on_after(self._config.operation_timeout):
+                lookup = await self._lookup(key_of(key.encode()), find_value=key,
+                                            stop_at_value=not latest, into=record)
+                self._counters["gets"] += 1
+                if not lookup.values and not record:
+                    self._counters["gets_not_found"] += 1
+        return self._result(key, record)
+
+    async def announce(self, group: str, expiration_time: float) -> bool:
+        """Say in the DHT that this node belongs to ``group`` until ``expiration_time``.
+
+        The entry (this node's addresses and client mode) sits under its own
+        signed subkey of ``p2pdl/group/<group>``, so nobody else can write or
+        remove it.  Returns what :meth:`store` returns.
+        """
+        member = GroupMember(tuple(self._host.addrs()[:MAX_PEER_ADDRS]),
+                             client_mode=self._reachability.client_mode)
+        return await self.store(GROUP_PREFIX + group, member, expiration_time,
+                                subkey=self.own_subkey())
+
+    async def find_peers(self, group: str) -> list[GroupPeer]:
+        """The members of ``group`` whose entries have not expired.
+
+        Their addresses are handed to the host, so that ``node.call`` and
+        ``node.open_stream`` reach them by peer id.
+        """
+        found = await self.get(GROUP_PREFIX + group, latest=True)
+        if found is None or not found.dictionary:
+            return []
+        peers = []
+        for subkey, entry in found.value.items():
+            owner = owner_of(subkey)
+            member = entry.value
+            if owner is None or not isinstance(member, GroupMember):
+                continue  # the schema makes this impossible; defensive
+            if owner != self._peer_id:
+                self._host.add_addrs(owner, member.addrs)
+            peers.append(GroupPeer(owner, member.addrs, member.client_mode, entry.expiration))
+        peers.sort(key=lambda p: p.peer_id.to_bytes())
+        return peers
+
+    # -- building and storing items -----------------------------------------------
+
+    def _make_item(self, key: str, value: Any, expiration: float, subkey: str | None) -> Item:
+        _check_key(key)
+        if subkey is not None and not isinstance(subkey, str):
+            raise LocalProtocolError(f"DHT subkeys are strings, not {type(subkey).__name__}")
+        if not isinstance(expiration, (int, float)) or isinstance(expiration, bool):
+            raise LocalProtocolError("expiration_time must be a number (seconds, wall clock)")
+        expiration = float(expiration)
+        raw = encode_value(value)
+        signature = b""
+        try:
+            owner = owner_of(subkey)
+        except InvalidRecord as exc:
+            raise LocalProtocolError(f"subkey {subkey!r}: {exc.detail}") from None
+        if owner is not None:
+            if owner != self._peer_id:
+                raise LocalProtocolError(f"subkey {subkey!r} belongs to peer {owner}; "
+                                         f"this node can only write its own (own_subkey())")
+            signature = sign(self._host.libp2p.get_private_key(), key, subkey, raw, expiration)
+        try:
+            self._validator.check(key, subkey, raw, expiration, signature, self._clock())
+        except InvalidRecord as exc:
+            raise LocalProtocolError(f"no node would store this record: {exc}") from None
+        return Item(subkey, raw, expiration, signature)
+
+    def _remember_published(self, key: str, item: Item) -> None:
+        slot = (key, item.subkey)
+        self._published[slot] = (item, trio.current_time())
+        self._published.move_to_end(slot)
+        while len(self._published) > self._config.max_published:
+            self._published.popitem(last=False)
+
+    async def _store_items(self, key: str, items: list[Item]) -> bool:
+        """Store ``items`` at the nodes nearest to ``key``; True if one of them holds them."""
+        target = key_of(key.encode())
+        accepted = 0
+        with trio.move_on_after(self._config.operation_timeout):
+            lookup = await self._lookup(target)
+            nearest = lookup.closest()[: self._config.replication]
+            if self.server_mode:
+                # This node is one of the replicas if it is among the nearest.
+                mine = distance(self._key, target)
+                closer = [c for c in nearest if distance(c.key, target) < mine]
+                if len(closer) < self._config.replication:
+                    nearest = closer + nearest[len(closer):self._config.replication - 1]
+                    now = self._clock()
+                    for item in items:
+                        self._store.put(key, item, now)
+            sender = self._sender()
+            requests = [Store(key, [_to_wire(i) for i in batch], *sender)
+                        for batch in _batches(items)]
+
+            async def store_at(contact: Contact) -> None:
+                nonlocal accepted
+                held = False
+                for request in requests:
+                    response = await self._query(contact, request)
+                    if not isinstance(response, Stored) \
+                            or len(response.results) != len(request.items):
+                        break  # no answer, or not one result per item
+                    if any(r == "" for r in response.results):
+                        held = True
+                    else:
+                        logger.debug("%s refused to store %r: %s", contact.peer, key,
+                                     "; ".join(response.results))
+                accepted += held
+
+            async with trio.open_nursery() as nursery:
+                for contact in nearest:
+                    nursery.start_soon(store_at, contact)
+        self._counters["stores"] += 1
+        if not accepted:
+            self._counters["stores_failed"] += 1
+        return accepted > 0
+
+    # -- lookups ----------------------------------------------------------------------
+
+    def _seeds(self, target: int) -> list[Contact]:
+        """The table's nearest contacts; the connected peers while the table is empty."""
+        seeds = self._table.closest(target)
+        if len(seeds) < self._config.alpha:
+            known = {c.peer for c in seeds}
+            for peer in self._host.connected_peers():
+                if peer not in known:
+                    seeds.append(Contact(peer, key_of(peer.to_bytes())))
+        return seeds
+
+    async def _lookup(self, target: int, *, find_value: str | None = None,
+                      stop_at_value: bool = False, into: Record | None = None) -> Lookup:
+        """Run one iterative lookup for ``target`` (a find-value lookup with ``find_value``).
+
+        Valid items found are merged into ``into``.
+        """
+        config = self._config
+        lookup = Lookup(target, self._seeds(target), k=config.k, alpha=config.alpha,
+                        stop_at_value=stop_at_value, max_queries=config.max_lookup_queries,
+                        local=self._peer_id)
+        request: Message
+        if find_value is None:
+            request = FindNode(target.to_bytes(TARGET_SIZE, "big"), *self._sender())
+        else:
+            request = FindValue(find_value, *self._sender())
+        record = into if into is not None else Record()
+        progress = trio.lowlevel.ParkingLot()
+
+        expected = Nodes if find_value is None else Value
+
+        async def ask(contact: Contact) -> None:
+            try:
+                response = await self._query(contact, request)
+                if not isinstance(response, expected):
+                    if response is not None:
+                        logger.info("%s answered %s with %s", contact.peer, request.TAG,
+                                    response.TAG)
+                    lookup.on_failure(contact.peer)
+                    return
+                closer = self._contacts(response.closer)
+                found = None
+                if isinstance(response, Value) and response.items:
+                    assert find_value is not None
+                    found = self._accept_items(find_value, response.items, contact.peer, record)
+                # A DHT client answers, but holds nothing and must not count
+                # among the nearest (it would take a replica's place).
+                lookup.on_response(contact.peer, closer, found, usable=response.server)
+            finally:
+                progress.unpark_all()
+
+        async with trio.open_nursery() as nursery:
+            while not lookup.done:
+                for contact in lookup.next_queries():
+                    nursery.start_soon(ask, contact)
+                if not lookup.in_flight:
+                    break
+                await progress.park()
+            nursery.cancel_scope.cancel()  # a get that found its value stops the rest
+        self._table.looked_up(target, trio.current_time())
+        return lookup
+
+    async def _query(self, contact: Contact, request: Message) -> Message | None:
+        """One request to ``contact``; None (and the table told) if it failed."""
+        peer = contact.peer
+        assert isinstance(peer, ID)
+        if contact.addrs and not self._host.is_connected(peer):
+            self._host.add_addrs(peer, contact.addrs)
+        self._counters["queries"] += 1
+        try:
+            response = await self._call(peer, DHT_PROTOCOL, request, self._config.query_timeout)
+        except P2PDLError as exc:
+            self._counters["queries_failed"] += 1
+            logger.debug("DHT query to %s failed: %s", peer, exc)
+            self._table.failed(peer, contact.key)
+            return None
+        self._saw_peer(peer, bool(getattr(response, "server", False)),
+                       contact.addrs or self._host.known_addrs(peer))
+        return response
+
+    def _contacts(self, entries: list[PeerEntry]) -> list[Contact]:
+        out = []
+        for entry in entries[:MAX_CLOSER_PEERS]:
+            try:
+                peer = ID(entry.peer)
+                if peer == self._peer_id or not _valid_peer_id(peer):
+                    continue
+            except Exception:  # untrusted bytes
+                continue
+            out.append(Contact(peer, key_of(entry.peer), tuple(entry.addrs)))
+        return out
+
+    def _accept_items(self, key: str, items: list[WireItem], source: ID,
+                      record: Record) -> bool | None:
+        """Merge the valid items of an answer; True if there were any (else None)."""
+        now = self._clock()
+        valid = False
+        for wire in items:
+            try:
+                self._validator.check(key, wire.subkey, wire.value, wire.expiration,
+                                      wire.signature, now)
+            except InvalidRecord as exc:
+                self._counters["invalid_items_received"] += 1
+                logger.info("dropped an invalid item of %r from %s: %s", key, source, exc)
+                continue
+            record.offer(Item(wire.subkey, wire.value, wire.expiration, wire.signature))
+            valid = True
+        return True if valid else None
+
+    def _result(self, key: str, record: Record) -> ValueWithExpiration[Any] | None:
+        now = self._clock()
+        live = [i for i in record.items() if i.expiration > now]
+        if not live:
+            return None
+        if not record.entries:
+            item = live[0]
+            return ValueWithExpiration(self._validator.decode(key, item.value), item.expiration)
+        entries = {i.subkey: ValueWithExpiration(self._validator.decode(key, i.value),
+                                                 i.expiration) for i in live}
+        return ValueWithExpiration(entries, max(i.expiration for i in live), dictionary=True)
+
+    # -- the table ------------------------------------------------------------------
+
+    def _sender(self) -> tuple[bool, tuple[str, ...]]:
+        """What requests say about us: server or not, and our addresses if server."""
+        if not self.server_mode:
+            return False, ()
+        return True, tuple(self._host.addrs()[:MAX_PEER_ADDRS])
+
+    def _saw_peer(self, peer: ID, server: bool, addrs: Iterable[str]) -> None:
+        """A peer answered us or asked us: a server goes in the table, a client out."""
+        key = key_of(peer.to_bytes())
+        if not server:
+            if self._table.get(peer, key) is not None:
+                self._table.remove(peer, key)
+            return
+        addrs = tuple(addrs)
+        if addrs:
+            self._host.add_addrs(peer, addrs)
+        present = self._table.get(peer, key) is not None
+        if self._table.seen(peer, key, trio.current_time(), addrs) and not present:
+            self._table_version += 1
+            self._table_changed.set()
+            self._table_changed = trio.Event()
+
+    # -- serving requests ----------------------------------------------------------
+
+    async def handle(self, ctx: RequestContext, request: Message) -> Message:
+        """The RPC handler of ``/p2pdl/dht/1.0.0``.
+
+        Answers at once, without waiting for anything: the wire bounds the
+        requests in flight per stream (``max_inflight_requests``) and the host
+        the streams per peer.
+        """
+        return self._answer(ctx.peer_id, request)
+
+    def _answer(self, peer: ID, request: Message) -> Message:
+        self._counters["requests"] += 1
+        if isinstance(request, FindNode):
+            if len(request.target) != TARGET_SIZE:
+                raise RemoteProtocolError(f"dht.find_node target of {len(request.target)} "
+                                          f"bytes; expected {TARGET_SIZE}")
+            self._saw_peer(peer, request.server, request.addrs)
+            target = int.from_bytes(request.target, "big")
+            return Nodes(self._closer(target, peer), self.server_mode)
+        if isinstance(request, FindValue):
+            _check_remote_key(request.key)
+            self._saw_peer(peer, request.server, request.addrs)
+            items = self._store.get(request.key, self._clock())
+            return Value([_to_wire(i) for i in items],
+                         self._closer(key_of(request.key.encode()), peer), self.server_mode)
+        assert isinstance(request, Store)
+        _check_remote_key(request.key)
+        self._saw_peer(peer, request.server, request.addrs)
+        if not self.server_mode:
+            return Stored(["unavailable: this node is a DHT client"] * len(request.items), False)
+        now = self._clock()
+        results = []
+        for wire in request.items:
+            result = self._store.put(request.key, Item(wire.subkey, wire.value,
+                                                       wire.expiration, wire.signature), now)
+            if result:
+                self._counters["items_refused"] += 1
+                logger.debug("refused an item of %r from %s: %s", request.key, peer, result)
+            else:
+                self._counters["items_stored"] += 1
+            results.append(result[:MAX_RESULT_LENGTH])
+        return Stored(results, True)
+
+    def _closer(self, target: int, asker: ID) -> list[PeerEntry]:
+        contacts = self._table.closest(target, exclude=(asker,))
+        return [PeerEntry(c.peer.to_bytes(), c.addrs[:MAX_PEER_ADDRS])  # type: ignore[attr-defined]
+                for c in contacts if c.addrs]
+
+    # -- maintenance -------------------------------------------------------------------
+
+    async def serve(self) -> None:
+        """Bootstrap, refresh, republish and prune, for the node's lifetime.
+
+        The node bootstraps at start; while its table is empty, after growing
+        delays (``bootstrap_backoff``) and at once when a connection opens;
+        when it becomes a server; and, while the table holds fewer than k
+        contacts (a young or small network), whenever the table has grown
+        since the last bootstrap (at most once per ``MIN_BOOTSTRAP_SPACING``)
+        and otherwise after growing delays.
+        """
+        backoff = Backoff(self._config.bootstrap_backoff)
+        announced = False  # whether other nodes have heard from us as a server
+        seen_version = -1  # the table's version at the last bootstrap
+        next_bootstrap = trio.current_time()
+        connected = False  # a connection opened while the table was empty
+        while True:
+            now = trio.current_time()
+            server = self.server_mode
+            announced = announced and server
+            young = len(self._table) < self._config.k
+            if not len(self._table) and next_bootstrap == float("inf"):
+                next_bootstrap = now  # every contact failed: join again
+            if connected or (server and not announced) or now >= next_bootstrap \
+                    or (young and len(self._table) and self._table_version != seen_version):
+                seen_version = self._table_version
+                if await self._bootstrap():
+                    announced = server
+                    if len(self._table) >= self._config.k:
+                        backoff.reset()
+                        next_bootstrap = float("inf")
+                    else:
+                        next_bootstrap = trio.current_time() + backoff.next_delay()
+                else:
+                    next_bootstrap = trio.current_time() + backoff.next_delay()
+                await trio.sleep(MIN_BOOTSTRAP_SPACING)
+            if len(self._table):
+                await self._refresh()
+                await self._republish()
+            self._store.prune(self._clock())
+            connected = await self._sleep(
+                min(MAINTENANCE_TICK, next_bootstrap - trio.current_time()), seen_version)
+
+    async def _sleep(self, delay: float, table_version: int) -> bool:
+        """Wait ``delay`` s; wake early when reachability changes, when a connection
+        opens while the table is empty (then return True), or when a young table grew."""
+        delay = max(0.0, delay)
+        connected = False
+        with trio.move_on_after(delay):
+            async with trio.open_nursery() as nursery:
+                async def reachability_changed() -> None:
+                    await self._reachability.wait_changed()
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(reachability_changed)
+                if not len(self._table):
+                    connected = await self._host.wait_connections_changed(delay)
+                    nursery.cancel_scope.cancel()
+                elif len(self._table) < self._config.k:
+                    while self._table_version == table_version:
+                        await self._table_changed.wait()
+                    nursery.cancel_scope.cancel()
+        return connected
+
+    async def bootstrap(self) -> bool:
+        """Join: look up our own key, then refresh every bucket.  True if the table has contacts."""
+        return await self._bootstrap()
+
+    async def _bootstrap(self) -> bool:
+        if not self._seeds(self._key):
+            return False
+        with trio.move_on_after(self._config.operation_timeout):
+            await self._lookup(self._key)
+            await self._refresh()
+        ok = len(self._table) > 0
+        if ok:
+            logger.debug("DHT bootstrap: %d contacts (%s)", len(self._table),
+                         "server" if self.server_mode else "client")
+        return ok
+
+    async def _refresh(self) -> None:
+        for target in self._table.buckets_to_refresh(trio.current_time()):
+            await self._lookup(target)
+
+    async def _republish(self) -> None:
+        """Re-store our own records, and re-send replicas no store refreshed,
+        ``REPUBLISH_CONCURRENCY`` stores at a time."""
+        interval = self._config.republish_interval
+        now, mono = self._clock(), trio.current_time()
+        jobs: list[tuple[str, list[Item], str]] = []
+        for slot, (item, stored_at) in list(self._published.items()):
+            if item.expiration <= now:
+                del self._published[slot]
+            elif mono - stored_at >= interval:
+                self._published[slot] = (item, mono)
+                jobs.append((slot[0], [item], "republished"))
+        if self.server_mode:
+            for key in self._store.stale(now, interval):
+                self._store.touch(key, now)
+                items = self._store.get(key, now)
+                if items:
+                    jobs.append((key, items, "replicas_resent"))
+        if not jobs:
+            return
+        limiter = trio.CapacityLimiter(REPUBLISH_CONCURRENCY)
+
+        async def send(key: str, items: list[Item], counter: str) -> None:
+            async with limiter:
+                await self._store_items(key, items)
+                self._counters[counter] += 1
+
+        async with trio.open_nursery() as nursery:
+            for job in jobs:
+                nursery.start_soon(send, *job)
+
+
+def _batches(items: list[Item]) -> list[list[Item]]:
+    """``items`` in order, cut into store requests of at most ``MAX_STORE_ITEMS``
+    items and about ``STORE_BATCH_BYTES`` bytes (so each fits a wire message)."""
+    batches: list[list[Item]] = []
+    size = 0
+    for item in items:
+        if not batches or len(batches[-1]) >= MAX_STORE_ITEMS \
+                or size + item.size > STORE_BATCH_BYTES:
+            batches.append([])
+            size = 0
+        batches[-1].append(item)
+        size += item.size
+    return batches
+
+
+def _to_wire(item: Item) -> WireItem:
+    return WireItem(item.subkey, item.value, item.expiration, item.signature)
+
+
+def _check_key(key: Any) -> None:
+    if not isinstance(key, str):
+        raise LocalProtocolError(f"DHT keys are strings, not {type(key).__name__}")
+    try:
+        Validator.check_key(key)
+    except InvalidRecord as exc:
+        raise LocalProtocolError(f"DHT key: {exc.detail}") from None
+
+
+def _check_remote_key(key: str) -> None:
+    try:
+        Validator.check_key(key)
+    except InvalidRecord as exc:
+        raise RequestError("bad_request", exc.detail) from None
+
+
+def _valid_peer_id(peer: ID) -> bool:
+    try:
+        multihash.decode(peer.to_bytes())
+    except Exception:  # untrusted bytes
+        return False
+    return True
+
