@@ -64,6 +64,7 @@ class MaxLen:
 class _Invalid(Exception):
     def __init__(self, path: str, reason: str) -> None:
         super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
 
 
 _Checker = Callable[[Any, str], Any]
@@ -176,16 +177,22 @@ def _checker_for(tp: Any, where: str) -> _Checker:
         return _annotated(args[0], args[1:], where)
     if origin is Union or origin is types.UnionType:
         options = [_checker_for(a, where) for a in args]
+        optional = type(None) in args
 
         def check_union(v: Any, path: str) -> Any:
-            errors = []
+            if v is None and optional:
+                return None
+            # Keep the reasons, not the exceptions: an exception kept past its
+            # except block holds its traceback's frames, a reference cycle that
+            # only the cyclic GC frees (long GC pauses on busy nodes).
+            reasons = []
             for option in options:
                 try:
                     return option(v, path)
                 except _Invalid as exc:
-                    errors.append(exc)
-            if v is not None and len(options) == 2 and type(None) in args:
-                raise errors[args.index(type(None)) ^ 1]  # the non-nil alternative's reason
+                    reasons.append((exc.path, exc.reason))
+            if len(options) == 2 and optional:
+                raise _Invalid(*reasons[args.index(type(None)) ^ 1])  # the non-nil one's reason
             raise _Invalid(path, f"{type(v).__name__} matches none of {tp}")
         return check_union
     if origin is Literal:
