@@ -6,6 +6,8 @@ Layers, bottom to top (docs/architecture.md has the map):
 * ``p2pdl.wire`` -- framing, typed messages, tensor frames, flow control, RPC.
 * ``p2pdl.nat`` -- reachability by dial-back, client mode, relay use.
 * ``p2pdl.dht`` -- Kademlia DHT: discovery, signed dictionary records (``node.dht``).
+* ``p2pdl.progress`` -- gossip of training progress, when to step (``node.progress``).
+* ``p2pdl.averaging`` -- matchmaking of averaging groups (``node.matchmaking``).
 * ``p2pdl._node`` -- the node: :func:`open_node` (trio), :class:`Node` (sync,
   with ``node.aio`` for asyncio).
 * ``p2pdl.cli`` -- the ``p2pdl`` command.
@@ -19,6 +21,8 @@ from ._node import NodeConfig as NodeConfig
 from ._node import TrioNode as TrioNode
 from ._node import open_node as open_node
 from ._version import __version__ as __version__
+from .averaging import Group as Group
+from .averaging import MatchmakingConfig as MatchmakingConfig
 from .dht import DHTConfig as DHTConfig
 from .dht import Schema as Schema
 from .dht import ValueWithExpiration as ValueWithExpiration
@@ -26,6 +30,7 @@ from .errors import CallTimeoutError as CallTimeoutError
 from .errors import ConfigError as ConfigError
 from .errors import IdentityError as IdentityError
 from .errors import LocalProtocolError as LocalProtocolError
+from .errors import MatchmakingFailedError as MatchmakingFailedError
 from .errors import NodeClosedError as NodeClosedError
 from .errors import P2PDLError as P2PDLError
 from .errors import PeerUnreachableError as PeerUnreachableError
@@ -35,6 +40,8 @@ from .errors import RemoteProtocolError as RemoteProtocolError
 from .errors import RequestError as RequestError
 from .errors import StreamClosedError as StreamClosedError
 from .net import HostConfig as HostConfig
+from .progress import GlobalProgress as GlobalProgress
+from .progress import ProgressConfig as ProgressConfig
 from .wire import Message as Message
 from .wire import RpcProtocol as RpcProtocol
 from .wire import WireConfig as WireConfig

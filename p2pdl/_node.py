@@ -29,11 +29,13 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 
 from ._concurrency import open_service_nursery
+from .averaging import MATCHMAKING_PROTOCOL, MatchmakingConfig, MatchmakingService
 from .dht import DHT_PROTOCOL, DHTConfig, DHTService, GroupPeer, Schema, ValueWithExpiration
 from .errors import CallTimeoutError, ConfigError, LocalProtocolError, NodeClosedError, P2PDLError
 from .nat import DIALBACK, NatService, Reachability, ReachabilityConfig
 from .net import Host, HostConfig, open_host
 from .net._addrs import PeerIDLike
+from .progress import PROGRESS_PROTOCOL, ProgressConfig, ProgressService
 from .wire import (
     PING,
     FramedStream,
@@ -67,6 +69,8 @@ class NodeConfig:
     nat: ReachabilityConfig = ReachabilityConfig()
     dht: DHTConfig = DHTConfig()
     dht_schemas: tuple[Schema, ...] = ()
+    progress: ProgressConfig = ProgressConfig()
+    matchmaking: MatchmakingConfig = MatchmakingConfig()
 
     @classmethod
     def build(cls, config: NodeConfig | None = None, **host_fields: Any) -> NodeConfig:
@@ -108,6 +112,13 @@ class TrioNode:
                                schemas=config.dht_schemas)
         self.serve(DHT_PROTOCOL, self._dht.handle)
         nursery.start_soon(self._dht.serve)
+        self._progress = ProgressService(host, self._rpc.call, self._dht, self._nat,
+                                         config.progress)
+        self.serve(PROGRESS_PROTOCOL, self._progress.handle)
+        self._matchmaking = MatchmakingService(host, self._rpc.call, self._dht, self._nat,
+                                               config.matchmaking,
+                                               max_hold=config.wire.handler_timeout - 1.0)
+        self.serve(MATCHMAKING_PROTOCOL, self._matchmaking.handle)
 
     # -- identity and peers -------------------------------------------------
 
@@ -128,6 +139,18 @@ class TrioNode:
     def dht(self) -> DHTService:
         """The DHT: ``store``, ``get``, ``announce``, ``find_peers`` (docs/dht.md)."""
         return self._dht
+
+    @property
+    def progress(self) -> ProgressService:
+        """Training progress: ``async with node.progress.track(run_id, target) as tracker``
+        (docs/progress.md)."""
+        return self._progress
+
+    @property
+    def matchmaking(self) -> MatchmakingService:
+        """Averaging groups: ``group = await node.matchmaking.form_group(run_id, epoch)``
+        (docs/matchmaking.md)."""
+        return self._matchmaking
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -233,7 +256,8 @@ class TrioNode:
                 "reachability": self.reachability.value, "client_mode": self.client_mode,
                 "relay_reservations": len(self._host.relay_reservations()),
                 "paths": {k: paths.count(k) for k in ("direct", "hole-punched", "relayed")},
-                "dht": self._dht.statistics()}
+                "dht": self._dht.statistics(), "progress": self._progress.statistics(),
+                "matchmaking": self._matchmaking.statistics()}
 
     def _close(self) -> None:
         self._rpc.close()

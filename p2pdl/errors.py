@@ -27,6 +27,7 @@ __all__ = [
     "RemoteError",
     "NodeClosedError",
     "RequestError",
+    "MatchmakingFailedError",
 ]
 
 
@@ -98,3 +99,13 @@ class RequestError(P2PDLError):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+class MatchmakingFailedError(P2PDLError):
+    """This peer is in no averaging group for the round (p2pdl.averaging).
+
+    Raised by ``node.matchmaking.form_group`` when no group that includes this
+    peer formed within ``matchmaking_time``, or the group it could form was
+    smaller than ``min_group_size``.  The round failed for this peer only;
+    the message says why.
+    """

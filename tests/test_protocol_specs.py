@@ -7,9 +7,15 @@ import inspect
 import pathlib
 import re
 
+import p2pdl.averaging as averaging
 import p2pdl.dht as dht
 import p2pdl.nat as nat
+import p2pdl.progress as progress
 import p2pdl.wire as wire
+from p2pdl.averaging import MATCHMAKING_PROTOCOL_ID, MatchmakingConfig
+from p2pdl.averaging import _mm_messages as mm_messages
+from p2pdl.averaging import _mm_service as mm_service
+from p2pdl.averaging import config as mm_config
 from p2pdl.dht import DHT_PROTOCOL_ID, GROUP_PREFIX, DHTConfig, GroupMember, RoutingTable
 from p2pdl.dht import _messages as dht_messages
 from p2pdl.dht import config as dht_config
@@ -20,6 +26,10 @@ from p2pdl.nat._messages import MAX_DIALBACK_ADDRS
 from p2pdl.net import HostConfig, RelayLimits
 from p2pdl.net._host import MAX_RELAY_ROUTES
 from p2pdl.net._relay import REFRESH_AT
+from p2pdl.progress import PROGRESS_PROTOCOL_ID, SNAPSHOT_PREFIX, ProgressConfig
+from p2pdl.progress import _messages as progress_messages
+from p2pdl.progress import config as progress_config
+from p2pdl.progress._service import MAX_PUSH_BACKOFF
 from p2pdl.wire import PING_PROTOCOL_ID, WireConfig
 from p2pdl.wire._ping import MAX_PING_PAYLOAD
 
@@ -27,7 +37,8 @@ SPECS = pathlib.Path(__file__).resolve().parents[1] / "protocols"
 
 #: Protocol ids defined in the code, by spec file.
 CODE_IDS = {"ping.md": PING_PROTOCOL_ID, "transport.md": DIALBACK_PROTOCOL_ID,
-            "dht.md": DHT_PROTOCOL_ID}
+            "dht.md": DHT_PROTOCOL_ID, "progress.md": PROGRESS_PROTOCOL_ID,
+            "matchmaking.md": MATCHMAKING_PROTOCOL_ID}
 
 
 def spec(name: str) -> str:
@@ -63,7 +74,8 @@ def test_every_spec_states_its_protocol_id_literally():
 
 
 def test_every_protocol_id_in_the_code_has_a_spec():
-    ids_in_code = {v for module in (wire, nat, dht) for k, v in vars(module).items()
+    ids_in_code = {v for module in (wire, nat, dht, progress, averaging)
+                   for k, v in vars(module).items()
                    if k.endswith("PROTOCOL_ID")}
     assert ids_in_code <= set(CODE_IDS.values())
     for protocol_id in CODE_IDS.values():
@@ -204,3 +216,86 @@ def test_dht_store_reasons_and_error_codes_match_the_code():
     assert request_errors == {"bad_request"}
     for error in request_errors:
         assert error in wire.ERROR_CODES and f"`{error}`" in errors, error
+
+
+def test_progress_definitions_match_the_code():
+    rows = definitions(spec("progress.md"))
+    limits = {name: value for name, value in vars(progress_config).items()
+              if name.isupper() and type(value) is int}
+    assert {"MAX_RUN_ID_LENGTH", "MAX_REPORTS", "MAX_DIGEST", "MAX_COUNT"} <= limits.keys()
+    for name, value in limits.items():
+        assert number(rows[name]) == value, name
+    assert number(rows["MAX_PUSH_BACKOFF"]) == MAX_PUSH_BACKOFF
+    defaults = ProgressConfig()
+    for field in dataclasses.fields(ProgressConfig):
+        assert number(rows[field.name]) == getattr(defaults, field.name), field.name
+
+
+def test_progress_messages_and_signatures_match_the_code():
+    text = spec("progress.md")
+    messages = section(text, "Messages")
+    protocol = progress.PROGRESS_PROTOCOL
+    for message in (*protocol.requests, *protocol.responses):
+        if message.TAG == "error":
+            continue
+        assert f"| `{message.TAG}` |" in messages, message.TAG
+        for field in dataclasses.fields(message):
+            assert f"| `{field.name}` |" in messages, (message.TAG, field.name)
+    for nested in (progress_messages.Report, progress_messages.DigestEntry,
+                   progress_messages.SnapshotEntry):
+        assert f"`{nested.TAG}`" in messages, nested.TAG
+        for field in dataclasses.fields(nested):
+            assert f"| `{field.name}` |" in messages, (nested.TAG, field.name)
+    assert f'SIGNATURE_DOMAIN = "{progress_messages.SIGNATURE_DOMAIN}"' in text
+    example = progress_messages.signing_payload("demo", b"\x00\x24", 3, 640, 12.5,
+                                                1700000000.25, False, False)
+    assert example.hex() in text
+    assert f"`{SNAPSHOT_PREFIX}<run id>`" in text
+
+
+def test_matchmaking_definitions_match_the_code():
+    rows = definitions(spec("matchmaking.md"))
+    limits = {name: value for name, value in vars(mm_config).items()
+              if name.isupper() and type(value) is int}
+    assert {"MAX_RUN_ID_LENGTH", "MAX_EPOCH", "MAX_GROUP_SIZE", "GROUP_ID_SIZE",
+            "MAX_JOIN_WAIT"} <= limits.keys()
+    for name, value in limits.items():
+        assert number(rows[name]) == value, name
+    defaults = MatchmakingConfig()
+    for field in dataclasses.fields(MatchmakingConfig):
+        assert number(rows[field.name]) == getattr(defaults, field.name), field.name
+    for name in ("REPLY_MARGIN", "JOIN_SLACK", "MAX_RECENT_ROUNDS", "GATHER_FRACTION",
+                 "JOIN_WINDOW_FRACTION"):
+        assert abs(number(rows[name]) - getattr(mm_service, name)) < 1e-3, name
+
+
+def test_matchmaking_messages_codes_and_hashes_match_the_code():
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    text = spec("matchmaking.md")
+    messages = section(text, "Messages")
+    protocol = mm_messages.MATCHMAKING_PROTOCOL
+    for message in (*protocol.requests, *protocol.responses, mm_messages.MemberEntry):
+        if message.TAG == "error":
+            continue
+        assert f"`{message.TAG}`" in messages, message.TAG
+        for field in dataclasses.fields(message):
+            assert f"| `{field.name}` |" in messages, (message.TAG, field.name)
+    errors = section(text, "Errors")
+    assert set(re.findall(r"^\| `(\w+)` \|", errors, re.MULTILINE)) == \
+        set(mm_messages.REJECT_CODES)
+    assert f'ORDER_DOMAIN = "{averaging.ORDER_DOMAIN}"' in text
+    assert f'GROUP_ID_DOMAIN = "{averaging.GROUP_ID_DOMAIN}"' in text
+    # The worked example: three peers from fixed keys, B in client mode.
+    a, b, c = (ID.from_pubkey(create_new_key_pair(bytes([i]) * 32).public_key)
+               for i in (1, 2, 3))
+    for peer in (a, b, c):
+        assert f"`{peer}` | `{averaging.order_key('my-run', 3, peer).hex()}`" in text
+    view = [averaging.GroupMemberInfo(a), averaging.GroupMemberInfo(b, True),
+            averaging.GroupMemberInfo(c)]
+    plan = averaging.plan_groups("my-run", 3, view, 4)
+    assert plan.groups[0].members == tuple(view)
+    assert averaging.compute_group_id("my-run", 3, view).hex() in text
+    assert f"`{GROUP_PREFIX}{averaging.round_key('R', 'E')}`" in text  # the rendezvous key
+

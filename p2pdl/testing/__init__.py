@@ -10,12 +10,15 @@
 * :func:`open_swarm_agents` -- processes of several nodes each
   (``python -m p2pdl.testing.swarm_agent``), driven by JSON commands (DHT
   store/get), for scenarios with many nodes.
+* :func:`simulate_progress` -- simulated trainers on nodes, reporting progress by
+  gossip or by DHT polling (``simulations/bench_progress.py``).
 * :func:`task_names` -- every task of the trio run, to check that nothing is left over.
 """
 
 from ._agent import Agent as Agent
 from ._agent import AgentError as AgentError
 from ._agent import open_agent as open_agent
+from ._progress_sim import simulate_progress as simulate_progress
 from ._swarm import LOOPBACK as LOOPBACK
 from ._swarm import NodeProcess as NodeProcess
 from ._swarm import loopback_config as loopback_config

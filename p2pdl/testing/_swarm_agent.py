@@ -22,6 +22,9 @@ of :func:`p2pdl.testing.open_agent`).  Commands (``{"op": ..., ...}``;
 * ``local`` ``node`` ``key`` -- the subkeys (or ``null`` for a plain value)
   the node itself holds for ``key``.
 * ``table`` ``node`` -- the peer ids in the node's routing table.
+* ``progress`` ``args`` -- simulated trainers on every node, reporting progress
+  by gossip or by DHT polling (:func:`p2pdl.testing.simulate_progress`); returns
+  their step and ready logs and the bytes sent.
 * ``quit``.
 """
 
@@ -40,6 +43,7 @@ from .._concurrency import open_service_nursery
 from .._node import NodeConfig, TrioNode, open_node
 from ..dht import DHTConfig
 from ._agent import Agent, open_agent, serve_commands
+from ._progress_sim import simulate_progress
 from ._swarm import LOOPBACK, wait_for_dht
 
 MODULE = "p2pdl.testing.swarm_agent"
@@ -108,6 +112,8 @@ async def _execute(nodes: list[TrioNode], command: dict[str, Any]) -> Any:
                 for i, one in enumerate(command["ops"]):
                     nursery.start_soon(run, i, one)
             return results
+        if op == "progress":
+            return await simulate_progress(nodes, **command["args"])
         if op in ("store", "get"):
             return await _one(nodes, command)
         node = nodes[int(command["node"])]

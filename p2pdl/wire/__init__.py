@@ -35,6 +35,7 @@ from ._rpc import RpcProtocol as RpcProtocol
 from ._stream import FramedStream as FramedStream
 from ._stream import StreamStatistics as StreamStatistics
 from ._stream import open_framed_stream as open_framed_stream
+from ._stream import traffic as traffic
 from ._tensor import DTYPE_SIZES as DTYPE_SIZES
 from ._tensor import TensorChunk as TensorChunk
 from ._tensor import TensorHeader as TensorHeader

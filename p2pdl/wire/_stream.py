@@ -52,7 +52,18 @@ if TYPE_CHECKING:
     import torch
     from libp2p.abc import INetStream
 
-__all__ = ["FramedStream", "StreamStatistics", "open_framed_stream"]
+__all__ = ["FramedStream", "StreamStatistics", "open_framed_stream", "traffic"]
+
+#: Bytes of p2pdl frames written and read in this process, per protocol id.
+_TRAFFIC: dict[str, list[int]] = collections.defaultdict(lambda: [0, 0])
+
+
+def traffic() -> dict[str, tuple[int, int]]:
+    """Bytes of p2pdl frames ``(sent, received)`` per protocol id, by every node of
+    this process since it started (credit frames included; yamux, Noise and TCP
+    headers not).  For benchmarks: they compare protocols by what they send."""
+    return {protocol: (sent, received) for protocol, (sent, received) in _TRAFFIC.items()}
+
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +118,7 @@ class FramedStream:
         self._write_closed = False
         self._bytes_sent = self._bytes_received = 0
         self._frames_sent = self._frames_received = 0
+        self._traffic: list[int] | None = None
 
     # -- identity ---------------------------------------------------------
 
@@ -117,6 +129,11 @@ class FramedStream:
     @property
     def protocol(self) -> str | None:
         return self._net.get_protocol()
+
+    def _count(self) -> list[int]:
+        if self._traffic is None:
+            self._traffic = _TRAFFIC[self.protocol or "?"]
+        return self._traffic
 
     def statistics(self) -> StreamStatistics:
         return StreamStatistics(self._bytes_sent, self._bytes_received, self._frames_sent,
@@ -185,6 +202,7 @@ class FramedStream:
         async with _locked(self._write_lock):
             try:
                 await self._finish_write(self._net.write, frame)
+                self._count()[0] += len(frame)
             except StreamError as exc:
                 self._fail(StreamClosedError(f"stream to {self.peer_id} closed while sending"))
                 raise self._error from exc  # type: ignore[misc]
@@ -326,6 +344,7 @@ class FramedStream:
                     decoder.check_complete()
                     return
                 self._bytes_received += len(data)
+                self._count()[1] += len(data)
                 for frame in decoder.feed(data):
                     if frame.kind is FrameKind.CREDIT:
                         self._credit.grant(decode_credit(frame.payload))
@@ -361,7 +380,9 @@ class FramedStream:
                 continue
             try:
                 async with _locked(self._write_lock):
-                    await self._finish_write(self._net.write, encode_credit(owed))
+                    credit = encode_credit(owed)
+                    await self._finish_write(self._net.write, credit)
+                    self._count()[0] += len(credit)
             except StreamError:
                 self._fail(StreamClosedError(f"stream with {self.peer_id} was reset"))
             except StreamClosedError:

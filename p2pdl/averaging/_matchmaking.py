@@ -1,0 +1,523 @@
+"""Matchmaking logic, sans-IO: the plan, a leader's bookkeeping, a peer's round.
+
+No trio, no sockets: times are arguments (``now``, seconds of any monotonic
+clock), so the rules are tested without a network and can drive a simulator.
+``_mm_service`` wraps them (protocols/matchmaking.md, docs/matchmaking.md).
+
+Rules:
+
+* The **order** of a round is by :func:`order_key`: SHA-256 over the run id,
+  the epoch and the peer id.  Every peer computes the same order for the
+  same peers, and a peer's place cannot be chosen without grinding ids.
+* The **plan** of a view (:func:`plan_groups`): ``g = ceil(N / target)``
+  groups (fewer if there are fewer non-client peers), led by the first ``g``
+  non-client peers in order; the other peers, in order, are cut into ``g``
+  contiguous runs whose sizes differ by at most one.  Contiguous runs move
+  few peers when a view lacks one peer (only those at the boundaries).
+* A **leader** (:class:`LeaderState`) takes joiners first-come up to the
+  target size and finalizes when its plan's members have all joined (if
+  they make at least ``min_group_size``), when it is full, or at its
+  deadline.  At finalization it drops joiners whose wait ended or whose
+  connection is gone; a group smaller than ``min_group_size`` is disbanded.
+* A **round** (:class:`MatchmakingRound`) is one peer's part in one
+  (run, epoch): gathering, then leading or joining, then done.  Join requests
+  that arrive while its role is undecided are held, not refused.
+* A peer picks whom to join with :func:`next_leader`: the effective leader of
+  its own planned group (the first non-client member not known to have
+  failed), then those of the other groups that are not closed, and last
+  the first non-client peer in order that has not refused it (possibly
+  itself: a group of leftovers).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import math
+from collections.abc import Callable, Collection, Iterable
+
+import msgpack
+import multihash  # py-libp2p's dependency: checks the structure of peer ids
+from libp2p.peer.id import ID
+
+from ..errors import RemoteProtocolError
+from .config import MAX_EPOCH, MAX_PEER_ID_SIZE, MAX_RUN_ID_LENGTH
+
+__all__ = ["ORDER_DOMAIN", "GROUP_ID_DOMAIN", "GroupMemberInfo", "Group", "PlannedGroup",
+           "Plan", "order_key", "compute_group_id", "plan_groups", "next_leader",
+           "expected_members",
+           "LeaderState", "MatchmakingRound", "Phase", "Refusal", "HOLD", "ACCEPTED",
+           "group_from_formed", "check_run"]
+
+#: Domain strings of the two hashes (protocols/matchmaking.md).
+ORDER_DOMAIN = "p2pdl/matchmaking/order/1"
+GROUP_ID_DOMAIN = "p2pdl/matchmaking/group/1"
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupMemberInfo:
+    """A member of a group: its peer id and whether it is a client-mode peer
+    (it dials out but accepts no connections, so it never leads or reduces)."""
+
+    peer_id: ID
+    client_mode: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """An averaging group, the same for every member.
+
+    ``members`` is ordered: the leader first, then the others by
+    :func:`order_key`.  ``group_id`` is :func:`compute_group_id` of the run,
+    the epoch and that list.
+    """
+
+    group_id: bytes
+    run_id: str
+    epoch: int
+    members: tuple[GroupMemberInfo, ...]
+
+    @property
+    def leader(self) -> ID:
+        return self.members[0].peer_id
+
+    @property
+    def peer_ids(self) -> tuple[ID, ...]:
+        return tuple(m.peer_id for m in self.members)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def index_of(self, peer_id: ID) -> int:
+        """The position of ``peer_id`` in ``members``; ValueError if it is not a member."""
+        for i, member in enumerate(self.members):
+            if member.peer_id == peer_id:
+                return i
+        raise ValueError(f"{peer_id} is not a member of this group")
+
+
+def check_run(run_id: object, epoch: object) -> str | None:
+    """Why ``(run_id, epoch)`` is not a valid round, or None if it is."""
+    if not isinstance(run_id, str) or not run_id:
+        return "run_id must be a non-empty string"
+    if len(run_id.encode()) > MAX_RUN_ID_LENGTH:
+        return f"run_id must have at most {MAX_RUN_ID_LENGTH} bytes of UTF-8"
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch <= MAX_EPOCH:
+        return f"epoch must be an integer in 0..{MAX_EPOCH}"
+    return None
+
+
+def order_key(run_id: str, epoch: int, peer_id: ID) -> bytes:
+    """SHA-256 of ``msgpack([ORDER_DOMAIN, run_id, epoch, peer id bytes])``."""
+    return hashlib.sha256(msgpack.packb([ORDER_DOMAIN, run_id, epoch, peer_id.to_bytes()],
+                                        use_bin_type=True)).digest()
+
+
+def compute_group_id(run_id: str, epoch: int, members: Iterable[GroupMemberInfo]) -> bytes:
+    """SHA-256 of ``msgpack([GROUP_ID_DOMAIN, run_id, epoch, [[peer id bytes,
+    client_mode], ...]])``, members in group order."""
+    entries = [[m.peer_id.to_bytes(), m.client_mode] for m in members]
+    return hashlib.sha256(msgpack.packb([GROUP_ID_DOMAIN, run_id, epoch, entries],
+                                        use_bin_type=True)).digest()
+
+
+def make_group(run_id: str, epoch: int, leader: GroupMemberInfo,
+               others: Iterable[GroupMemberInfo]) -> Group:
+    """The group of ``leader`` and ``others``, in group order, with its id."""
+    members = (leader, *sorted(others, key=lambda m: order_key(run_id, epoch, m.peer_id)))
+    return Group(compute_group_id(run_id, epoch, members), run_id, epoch, members)
+
+
+# -- the plan ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedGroup:
+    """A group of a plan: its leader first, then its other members in order."""
+
+    members: tuple[GroupMemberInfo, ...]
+
+    @property
+    def leader(self) -> ID:
+        return self.members[0].peer_id
+
+    def __contains__(self, peer_id: object) -> bool:
+        return any(m.peer_id == peer_id for m in self.members)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Who leads and who joins whom, computed from one view of the ready peers.
+
+    ``left_out``: peers in no group, because too few non-client peers could
+    lead groups of ``target_group_size`` for all.
+    """
+
+    groups: tuple[PlannedGroup, ...]
+    left_out: tuple[GroupMemberInfo, ...] = ()
+    ordered: tuple[GroupMemberInfo, ...] = ()  # every peer of the view, in order
+
+    def group_of(self, peer_id: ID) -> PlannedGroup | None:
+        for group in self.groups:
+            if peer_id in group:
+                return group
+        return None
+
+    @property
+    def leaders(self) -> tuple[ID, ...]:
+        return tuple(g.leader for g in self.groups)
+
+
+def plan_groups(run_id: str, epoch: int, view: Iterable[GroupMemberInfo],
+                target_group_size: int) -> Plan:
+    """The deterministic plan of ``view`` (see the module docstring).
+
+    A peer listed twice counts once, as a client if either entry says so.
+    A view without non-client peers gives a plan without groups.
+    """
+    if target_group_size < 1:
+        raise ValueError("target_group_size must be >= 1")
+    peers: dict[ID, GroupMemberInfo] = {}
+    for peer in view:
+        seen = peers.get(peer.peer_id)
+        if seen is None or (peer.client_mode and not seen.client_mode):
+            peers[peer.peer_id] = peer
+    ordered = sorted(peers.values(), key=lambda p: order_key(run_id, epoch, p.peer_id))
+    non_clients = [p for p in ordered if not p.client_mode]
+    count = min(math.ceil(len(ordered) / target_group_size), len(non_clients))
+    if count == 0:
+        return Plan((), tuple(ordered), tuple(ordered))
+    leaders = non_clients[:count]
+    leader_ids = {p.peer_id for p in leaders}
+    rest = [p for p in ordered if p.peer_id not in leader_ids]
+    room = count * (target_group_size - 1)
+    dealt, left_out = rest[:room], rest[room:]
+    size, extra = divmod(len(dealt), count)
+    groups = []
+    start = 0
+    for i, leader in enumerate(leaders):
+        end = start + size + (1 if i < extra else 0)
+        groups.append(PlannedGroup((leader, *dealt[start:end])))
+        start = end
+    return Plan(tuple(groups), tuple(left_out), tuple(ordered))
+
+
+def _effective_leader(group: PlannedGroup, excluded: Collection[ID]) -> ID | None:
+    for member in group.members:
+        if not member.client_mode and member.peer_id not in excluded:
+            return member.peer_id
+    return None
+
+
+def next_leader(plan: Plan, me: GroupMemberInfo, excluded: Collection[ID],
+                closed: Collection[ID] = ()) -> ID | None:
+    """Whom ``me`` should join next (``me.peer_id`` itself: lead), or None.
+
+    ``excluded``: peers known not to lead now (they failed, refused as not
+    leading, or disbanded).  ``closed``: planned leaders whose planned group
+    is known to be full or formed.  In order:
+
+    1. the effective leader of my own planned group (possibly me: I was promoted);
+    2. the effective leaders of the other groups;
+    3. the leftovers' leader: the first non-client peer of the whole view, in
+       order, that is not excluded (possibly me).  Leftovers (peers whose
+       groups closed without them) thus converge on the same peer: those
+       before it have refused them.
+    """
+    own = plan.group_of(me.peer_id)
+    if own is not None and own.leader not in closed:
+        leader = _effective_leader(own, excluded)
+        if leader is not None:
+            return leader
+    for group in plan.groups:
+        if group is own or group.leader in closed:
+            continue
+        leader = _effective_leader(group, excluded)
+        if leader is not None and leader != me.peer_id:
+            return leader
+    for peer in plan.ordered:
+        if not peer.client_mode and peer.peer_id not in excluded:
+            return peer.peer_id
+    return None
+
+
+def expected_members(plan: Plan, me: ID, excluded: Collection[ID],
+                     closed: Collection[ID] = ()) -> frozenset[ID] | None:
+    """Whom ``me`` expects to join it when :func:`next_leader` says it leads:
+    its planned group (less the excluded) when it leads that group, or None
+    when it leads leftovers (then it waits for its deadline, or until full)."""
+    own = plan.group_of(me)
+    if own is None or own.leader in closed or _effective_leader(own, excluded) != me:
+        return None
+    return frozenset(m.peer_id for m in own.members if m.peer_id not in excluded)
+
+
+# -- verdicts ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """A join request turned down: ``code`` (protocols/matchmaking.md) and why."""
+
+    code: str
+    detail: str = ""
+
+
+class _Token(enum.Enum):
+    HOLD = "hold"
+    ACCEPTED = "accepted"
+
+
+#: The round cannot answer yet (its role is undecided): ask again when it changes.
+HOLD = _Token.HOLD
+#: The joiner has a place; its outcome comes at finalization.
+ACCEPTED = _Token.ACCEPTED
+
+Verdict = _Token | Refusal
+Outcome = Group | Refusal
+
+
+# -- a leader ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class _Joiner:
+    info: GroupMemberInfo
+    wait_until: float
+
+
+class LeaderState:
+    """A leader's bookkeeping for one group (sans-IO).
+
+    Args:
+        run_id, epoch: the round.
+        leader: this peer (never a client-mode peer).
+        target_group_size, min_group_size: the bounds of the group.
+        expected: the members the plan gives this leader (it finalizes early
+            once all have joined); None: wait for ``finalize_at`` (or until full).
+        finalize_at: when it finalizes at the latest.
+    """
+
+    def __init__(self, run_id: str, epoch: int, leader: GroupMemberInfo,
+                 target_group_size: int, min_group_size: int, expected: Iterable[ID] | None,
+                 finalize_at: float) -> None:
+        if leader.client_mode:
+            raise ValueError("a client-mode peer cannot lead")
+        self.run_id, self.epoch, self.leader = run_id, epoch, leader
+        self.target_group_size, self.min_group_size = target_group_size, min_group_size
+        self.expected = None if expected is None else frozenset(expected) - {leader.peer_id}
+        self.finalize_at = finalize_at
+        self.joiners: dict[ID, _Joiner] = {}  # in order of arrival
+        self.status = "open"  # then "finalized" or "disbanded"
+        self.group: Group | None = None
+        self.disband_detail = ""
+
+    @property
+    def size(self) -> int:
+        return 1 + len(self.joiners)
+
+    def offer(self, peer: ID, client_mode: bool, target_group_size: int, wait_until: float,
+              now: float) -> Verdict:
+        """A join request from ``peer`` that waits until ``wait_until``."""
+        if self.status == "finalized":
+            return Refusal("finalized", "the group was already formed")
+        if self.status == "disbanded":
+            return Refusal("disbanded", self.disband_detail)
+        if target_group_size != self.target_group_size:
+            return Refusal("mismatch", f"this leader forms groups of at most "
+                                       f"{self.target_group_size}, not {target_group_size}")
+        if peer == self.leader.peer_id:
+            return Refusal("not_leader", "a peer cannot join itself")
+        joiner = self.joiners.get(peer)
+        if joiner is not None:  # a repeated request (the first one timed out, say)
+            joiner.info = GroupMemberInfo(peer, client_mode)
+            joiner.wait_until = max(joiner.wait_until, wait_until)
+            return ACCEPTED
+        if self.size >= self.target_group_size:
+            self._drop_expired(now)
+        if self.size >= self.target_group_size:
+            return Refusal("full", f"the group has {self.size} of {self.target_group_size}")
+        self.joiners[peer] = _Joiner(GroupMemberInfo(peer, client_mode), wait_until)
+        return ACCEPTED
+
+    def _drop_expired(self, now: float) -> None:
+        for peer in [p for p, j in self.joiners.items() if j.wait_until <= now]:
+            del self.joiners[peer]
+
+    def ready(self, now: float) -> bool:
+        """Whether to finalize now: full, the deadline, or every expected member
+        joined (and the group is not below ``min_group_size``: a leader whose plan
+        gives it too few members waits for others until its deadline)."""
+        return self.status == "open" and (
+            self.size >= self.target_group_size or now >= self.finalize_at
+            or (self.expected is not None and self.expected <= self.joiners.keys()
+                and self.size >= self.min_group_size))
+
+    def finalize(self, now: float, alive: Callable[[ID], bool] = lambda _: True) -> Group | None:
+        """Form the group of the leader and the joiners still waiting and
+        connected (``alive``); None (the group is disbanded) if it is smaller
+        than ``min_group_size``."""
+        if self.status != "open":
+            return self.group
+        self._drop_expired(now)
+        for peer in [p for p in self.joiners if not alive(p)]:
+            del self.joiners[peer]
+        if self.size < self.min_group_size:
+            self.disband(f"only {self.size} member(s); at least {self.min_group_size} needed")
+            return None
+        self.group = make_group(self.run_id, self.epoch, self.leader,
+                                (j.info for j in self.joiners.values()))
+        self.status = "finalized"
+        return self.group
+
+    def disband(self, detail: str) -> None:
+        """Give the group up before it formed: every held joiner is refused."""
+        if self.status == "open":
+            self.status = "disbanded"
+            self.disband_detail = detail
+
+    def outcome(self, peer: ID) -> Outcome | None:
+        """What an accepted joiner is answered; None while the group is open."""
+        if self.status == "open":
+            return None
+        if self.status == "disbanded":
+            return Refusal("disbanded", self.disband_detail)
+        assert self.group is not None
+        if peer in self.group.peer_ids:
+            return self.group
+        return Refusal("expired", "the request's wait ended, or its connection closed, "
+                                  "before the group formed")
+
+
+# -- a peer's round ----------------------------------------------------------------------
+
+
+class Phase(enum.Enum):
+    GATHERING = "gathering"  # announced; reading the view; role undecided
+    JOINING = "joining"      # asking leaders; the role may still change to leading
+    LEADING = "leading"
+    DONE = "done"
+
+
+class MatchmakingRound:
+    """One peer's part in one (run, epoch), as seen by join requests (sans-IO).
+
+    The service moves it through its phases (:meth:`lead`, :meth:`follow`,
+    :meth:`give_up_leading`, :meth:`finish`) and asks :meth:`on_join` what to
+    do with each join request.  ``version`` grows at every change.
+    """
+
+    def __init__(self, run_id: str, epoch: int, me: GroupMemberInfo, target_group_size: int,
+                 min_group_size: int) -> None:
+        self.run_id, self.epoch, self.me = run_id, epoch, me
+        self.target_group_size, self.min_group_size = target_group_size, min_group_size
+        self.phase = Phase.GATHERING
+        self.leader: LeaderState | None = None
+        self.group: Group | None = None  # the group this peer ended in
+        self.version = 0
+
+    def _changed(self) -> None:
+        self.version += 1
+
+    def on_join(self, peer: ID, client_mode: bool, target_group_size: int, wait_until: float,
+                now: float) -> Verdict:
+        """HOLD, ACCEPTED or a :class:`Refusal` for a join request from ``peer``."""
+        if self.me.client_mode:
+            return Refusal("not_leader", "a client-mode peer never leads")
+        if self.phase is Phase.LEADING:
+            assert self.leader is not None
+            verdict = self.leader.offer(peer, client_mode, target_group_size, wait_until, now)
+            if verdict is ACCEPTED:
+                self._changed()
+            return verdict
+        if self.phase is Phase.DONE:
+            return Refusal(self.closed_code(), "this peer's round is over")
+        if self.leader is not None:  # it led, gave up, and now asks others
+            return Refusal("not_leader", "this peer gave up leading")
+        return HOLD
+
+    def closed_code(self) -> str:
+        """What a finished round answers: ``finalized`` if it led a group that
+        formed, else ``not_leader``."""
+        return "finalized" if self.leader is not None and self.leader.status == "finalized" \
+            else "not_leader"
+
+    def outcome(self, peer: ID) -> Outcome | None:
+        """The answer to an accepted joiner; None while undecided."""
+        if self.leader is None:
+            return None
+        return self.leader.outcome(peer)
+
+    def lead(self, expected: Iterable[ID] | None, finalize_at: float) -> LeaderState:
+        if self.phase not in (Phase.GATHERING, Phase.JOINING) or self.leader is not None:
+            raise RuntimeError(f"cannot start leading in phase {self.phase.value}")
+        self.leader = LeaderState(self.run_id, self.epoch, self.me, self.target_group_size,
+                                  self.min_group_size, expected, finalize_at)
+        self.phase = Phase.LEADING
+        self._changed()
+        return self.leader
+
+    def follow(self) -> None:
+        if self.phase is Phase.GATHERING:
+            self.phase = Phase.JOINING
+            self._changed()
+
+    def give_up_leading(self, detail: str) -> None:
+        """Stop leading (held joiners are refused ``disbanded``); ask others next."""
+        if self.phase is Phase.LEADING:
+            assert self.leader is not None
+            self.leader.disband(detail)
+            self.phase = Phase.JOINING
+            self._changed()
+
+    def finish(self, group: Group | None, detail: str = "the round ended") -> None:
+        """The round is over, with ``group`` or without one."""
+        if self.leader is not None:
+            self.leader.disband(detail)
+        self.group = group
+        self.phase = Phase.DONE
+        self._changed()
+
+
+# -- checking a leader's answer ----------------------------------------------------------
+
+
+def group_from_formed(run_id: str, epoch: int, leader: ID, me: GroupMemberInfo,
+                      target_group_size: int, group_id: bytes,
+                      entries: Iterable[tuple[bytes, bool]]) -> Group:
+    """The group a leader's answer describes, after checking everything a
+    follower can check; :class:`RemoteProtocolError` if any check fails."""
+
+    def bad(why: str) -> RemoteProtocolError:
+        return RemoteProtocolError(f"mm.formed from {leader}: {why}")
+
+    members = []
+    for raw, client_mode in entries:
+        if len(raw) > MAX_PEER_ID_SIZE or not _valid_peer_id(raw):
+            raise bad("a member's peer id is not a valid multihash")
+        members.append(GroupMemberInfo(ID(raw), client_mode))
+    if not 1 <= len(members) <= target_group_size:
+        raise bad(f"{len(members)} members; expected 1..{target_group_size}")
+    if len({m.peer_id for m in members}) != len(members):
+        raise bad("a member is listed twice")
+    if members[0].peer_id != leader:
+        raise bad("the first member is not the leader")
+    if members[0].client_mode:
+        raise bad("the leader is listed as a client-mode peer")
+    if me not in members:
+        raise bad("this peer is not listed (or not with its client mode)")
+    keys = [order_key(run_id, epoch, m.peer_id) for m in members[1:]]
+    if keys != sorted(keys):
+        raise bad("the members after the leader are not in order")
+    if compute_group_id(run_id, epoch, members) != group_id:
+        raise bad("the group id does not match the members")
+    return Group(group_id, run_id, epoch, tuple(members))
+
+
+def _valid_peer_id(raw: bytes) -> bool:
+    try:
+        multihash.decode(raw)
+    except Exception:  # untrusted bytes
+        return False
+    return True

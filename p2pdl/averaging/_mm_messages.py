@@ -1,0 +1,71 @@
+"""Messages of the matchmaking protocol ``/p2pdl/matchmaking/1.0.0`` (protocols/matchmaking.md).
+
+A follower sends ``mm.join`` to the peer it wants as leader; the leader holds
+the request until its group is final and answers ``mm.formed`` (the group) or
+``mm.rejected`` (why not).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from ..wire import MaxLen, Message, Range, RpcProtocol
+from .config import (
+    GROUP_ID_SIZE,
+    MAX_CODE_LENGTH,
+    MAX_DETAIL_LENGTH,
+    MAX_EPOCH,
+    MAX_GROUP_SIZE,
+    MAX_JOIN_WAIT,
+    MAX_PEER_ID_SIZE,
+    MAX_RUN_ID_LENGTH,
+)
+
+MATCHMAKING_PROTOCOL_ID = "/p2pdl/matchmaking/1.0.0"
+
+#: Why a leader turned a join request down (protocols/matchmaking.md, Errors).
+REJECT_CODES = {
+    "full": "the group already has target_group_size members",
+    "not_leader": "the peer does not lead a group in this round (it follows, or gave up leading)",
+    "finalized": "the group was already formed",
+    "disbanded": "the leader gave up its group before it formed (too small, or its round ended)",
+    "wrong_epoch": "the peer is matchmaking for this run, but for another epoch",
+    "unknown_run": "the peer is not matchmaking for this run",
+    "mismatch": "the request's target_group_size differs from the leader's",
+    "expired": "the request's wait ended before the group formed",
+    "busy": "the peer holds as many join requests as it may",
+}
+
+
+class Join(Message, tag="mm.join"):
+    """Let me into your group for this run and epoch; I wait ``wait`` seconds."""
+
+    run_id: Annotated[str, MaxLen(MAX_RUN_ID_LENGTH)]
+    epoch: Annotated[int, Range(0, MAX_EPOCH)]
+    target_group_size: Annotated[int, Range(1, MAX_GROUP_SIZE)]
+    client_mode: bool
+    wait: Annotated[float, Range(0, MAX_JOIN_WAIT)]
+
+
+class MemberEntry(Message, tag="mm.member"):
+    """One member of a formed group."""
+
+    peer: Annotated[bytes, MaxLen(MAX_PEER_ID_SIZE)]
+    client_mode: bool
+
+
+class Formed(Message, tag="mm.formed"):
+    """The group is final: its id and its members, the leader first."""
+
+    group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
+    members: Annotated[list[MemberEntry], MaxLen(MAX_GROUP_SIZE)]
+
+
+class Rejected(Message, tag="mm.rejected"):
+    """Not in this group: ``code`` says why (REJECT_CODES), ``detail`` for people."""
+
+    code: Annotated[str, MaxLen(MAX_CODE_LENGTH)]
+    detail: Annotated[str, MaxLen(MAX_DETAIL_LENGTH)] = ""
+
+
+MATCHMAKING_PROTOCOL = RpcProtocol.define(MATCHMAKING_PROTOCOL_ID, [Join], [Formed, Rejected])

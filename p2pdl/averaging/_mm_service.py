@@ -1,0 +1,467 @@
+"""The matchmaking service of a node: ``node.matchmaking.form_group(run_id, epoch)``.
+
+The rules are in ``_matchmaking`` (sans-IO); this module does the I/O:
+
+1. **announce**: the peer says in the DHT that it is ready for the round
+   (``dht.announce("<run id>/mm/<epoch>")``: a signed entry with its
+   addresses and client mode);
+2. **gather**: after ``gather_time`` it reads who else did (the view);
+3. **plan**: every peer computes the same plan from the same view;
+4. **lead or join**: a leader holds the join requests of its followers
+   until its group is final, then answers them all; a follower asks its
+   leader and checks the answer.  Failures (an unreachable leader, a
+   refusal, a bad answer) make it try the next leader (bounded), and the
+   DHT is read again when no known leader is left.
+
+No background task: a round runs in the caller's task; held join requests
+wait in their RPC handler tasks, bounded by the wire's ``handler_timeout``.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import trio
+from libp2p.peer.id import ID
+
+from ..dht import DHTService, GroupPeer
+from ..errors import (
+    ConfigError,
+    LocalProtocolError,
+    MatchmakingFailedError,
+    P2PDLError,
+    RemoteProtocolError,
+)
+from ..net import Host
+from ..wire import Message, RequestContext, RpcProtocol
+from ._matchmaking import (
+    ACCEPTED,
+    HOLD,
+    Group,
+    GroupMemberInfo,
+    MatchmakingRound,
+    Refusal,
+    check_run,
+    expected_members,
+    group_from_formed,
+    next_leader,
+    plan_groups,
+)
+from ._mm_messages import MATCHMAKING_PROTOCOL, REJECT_CODES, Formed, Join, MemberEntry, Rejected
+from .config import MAX_DETAIL_LENGTH, MAX_GROUP_SIZE, MAX_MATCHMAKING_TIME, MatchmakingConfig
+
+__all__ = ["MatchmakingService", "round_key", "REPLY_MARGIN", "JOIN_SLACK",
+           "MAX_RECENT_ROUNDS", "GATHER_FRACTION", "JOIN_WINDOW_FRACTION"]
+
+logger = logging.getLogger(__name__)
+
+#: A leader stops holding a join request this long before the joiner stops
+#: waiting, so that its answer arrives in time (s).
+REPLY_MARGIN = 0.25
+#: A follower waits for a leader's answer at most join_window + gather_time
+#: + this much (s): the leader may have started leading a little later.
+JOIN_SLACK = 1.0
+#: Finished rounds a node remembers, to answer late join requests at once.
+MAX_RECENT_ROUNDS = 64
+#: At most this fraction of matchmaking_time is spent gathering.
+GATHER_FRACTION = 0.1
+#: At most this fraction of matchmaking_time is one leader's join window.
+JOIN_WINDOW_FRACTION = 1 / 3
+
+#: The counters of :meth:`MatchmakingService.statistics`.
+COUNTERS = ("rounds", "formed", "failed", "led", "joins_sent", "joins_failed",
+            "bad_answers", "joins_received", "joins_accepted", "joins_refused",
+            "view_fetches")
+
+
+def round_key(run_id: str, epoch: int) -> str:
+    """The DHT group name of a round: ``<run id>/mm/<epoch>`` (key
+    ``p2pdl/group/<run id>/mm/<epoch>``)."""
+    return f"{run_id}/mm/{epoch}"
+
+
+class _Reachability(Protocol):
+    @property
+    def client_mode(self) -> bool: ...
+
+
+Call = Callable[[ID, RpcProtocol, Message, float], Any]
+
+
+class _Session:
+    """A round in progress and the event that wakes its held join requests."""
+
+    def __init__(self, round_: MatchmakingRound) -> None:
+        self.round = round_
+        self._changed = trio.Event()
+
+    def notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_changed(self) -> None:
+        await self._changed.wait()
+
+
+class _Params:
+    """One round's effective settings.  A follower waits for an answer at most
+    ``join_wait``, which never exceeds ``max_hold``: a leader (with the same
+    wire settings) can hold the request as long as the follower waits."""
+
+    def __init__(self, config: MatchmakingConfig, target: int, min_size: int,
+                 time_: float, max_hold: float) -> None:
+        self.target_group_size = target
+        self.min_group_size = min_size
+        self.matchmaking_time = time_
+        self.gather_time = min(config.gather_time, time_ * GATHER_FRACTION)
+        self.join_window = max(REPLY_MARGIN, min(config.join_window, time_ * JOIN_WINDOW_FRACTION,
+                                                 max_hold - self.gather_time - JOIN_SLACK))
+        self.join_wait = min(self.join_window + self.gather_time + JOIN_SLACK, max_hold)
+
+
+class MatchmakingService:
+    """One node's matchmaking.  The node creates it; reach it as ``node.matchmaking``.
+
+    Args:
+        host: the node's host (peer id, connections).
+        call: the node's RPC call function.
+        dht: the node's DHT service (announce, find_peers).
+        reachability: tells whether this node is a client-mode peer.
+        config: :class:`MatchmakingConfig`.
+        max_hold: longest a join request is held, in seconds; the node passes
+            its wire ``handler_timeout`` minus 1 s, so that a held request is
+            answered by this service, not cut off by the wire.
+    """
+
+    def __init__(self, host: Host, call: Call, dht: DHTService, reachability: _Reachability,
+                 config: MatchmakingConfig = MatchmakingConfig(), *,
+                 max_hold: float = 59.0) -> None:
+        self._host = host
+        self._call = call
+        self._dht = dht
+        self._reachability = reachability
+        self._config = config
+        self._max_hold = max(0.5, max_hold)
+        self._sessions: dict[tuple[str, int], _Session] = {}
+        self._recent: collections.OrderedDict[tuple[str, int], str] = collections.OrderedDict()
+        self._held = 0
+        self._counters: collections.Counter[str] = collections.Counter()
+
+    @property
+    def config(self) -> MatchmakingConfig:
+        return self._config
+
+    def statistics(self) -> dict[str, Any]:
+        """Rounds in progress, held join requests, and counters (every one
+        present, from 0): ``rounds``, ``formed``, ``failed``, ``led`` (groups
+        formed as leader), ``joins_sent``, ``joins_failed`` (no answer: the
+        leader unreachable, gone or silent), ``bad_answers`` (answers that
+        failed the checks), ``joins_received``, ``joins_accepted``,
+        ``joins_refused``, ``view_fetches``."""
+        return {"active_rounds": len(self._sessions), "held_joins": self._held,
+                **{name: self._counters[name] for name in COUNTERS}}
+
+    # -- the public operation ------------------------------------------------------
+
+    async def form_group(self, run_id: str, epoch: int, *, target_group_size: int | None = None,
+                         matchmaking_time: float | None = None,
+                         min_group_size: int | None = None) -> Group:
+        """Form an averaging group with the other peers ready for ``epoch`` of ``run_id``.
+
+        Every peer of the round calls it at about the same time (when the
+        progress layer says the collaboration is ready).  Returns the
+        :class:`Group` this peer is in: every member that returns it has the
+        same members in the same order and the same ``group_id``.  Arguments
+        left None take their :class:`MatchmakingConfig` value.
+
+        Raises :class:`~p2pdl.errors.MatchmakingFailedError` when no group
+        with this peer formed within ``matchmaking_time`` (or only one
+        smaller than ``min_group_size``); :class:`~p2pdl.errors.ConfigError`
+        for invalid arguments; :class:`~p2pdl.errors.LocalProtocolError` if
+        this node already runs a round for the same run and epoch, or
+        ``max_rounds`` rounds.
+
+        Cancellation ends the round at once; a leader's held joiners are
+        refused (``disbanded``).  A follower cancelled while its request is
+        held may still be listed in the group its leader forms (the
+        all-reduce then treats it as a member that does not answer).
+        """
+        params = self._params(run_id, epoch, target_group_size, matchmaking_time,
+                              min_group_size)
+        key = (run_id, epoch)
+        if key in self._sessions:
+            raise LocalProtocolError(f"this node already forms a group for run {run_id!r} "
+                                     f"epoch {epoch}")
+        if len(self._sessions) >= self._config.max_rounds:
+            raise LocalProtocolError(f"this node already runs {len(self._sessions)} rounds "
+                                     f"(max_rounds)")
+        me = GroupMemberInfo(self._host.peer_id, bool(self._reachability.client_mode))
+        session = _Session(MatchmakingRound(run_id, epoch, me, params.target_group_size,
+                                            params.min_group_size))
+        self._sessions[key] = session
+        self._counters["rounds"] += 1
+        self._recent.pop(key, None)
+        group: Group | None = None
+        notes: list[str] = []
+        try:
+            deadline = trio.current_time() + params.matchmaking_time
+            with trio.move_on_at(deadline):
+                group = await self._run(session, params, deadline, notes)
+            if group is None:
+                if trio.current_time() >= deadline:
+                    notes.append(f"no group within {params.matchmaking_time:g} s")
+                raise MatchmakingFailedError(
+                    f"run {run_id!r} epoch {epoch}: {'; '.join(notes[-6:]) or 'no group'}")
+            self._counters["formed"] += 1
+            if group.leader == me.peer_id:
+                self._counters["led"] += 1
+            return group
+        except BaseException:
+            self._counters["failed"] += 1
+            raise
+        finally:
+            session.round.finish(group, "the leader's round ended")
+            session.notify()
+            del self._sessions[key]
+            self._recent[key] = session.round.closed_code()
+            while len(self._recent) > MAX_RECENT_ROUNDS:
+                self._recent.popitem(last=False)
+
+    def _params(self, run_id: Any, epoch: Any, target: Any, time_: Any,
+                min_size: Any) -> _Params:
+        problem = check_run(run_id, epoch)
+        if problem:
+            raise ConfigError(f"form_group: {problem}")
+        config = self._config
+        target = config.target_group_size if target is None else target
+        time_ = config.matchmaking_time if time_ is None else time_
+        min_size = config.min_group_size if min_size is None else min_size
+        if not _is_int(target) or not 1 <= target <= MAX_GROUP_SIZE:
+            raise ConfigError(f"form_group: target_group_size must be an integer in "
+                              f"1..{MAX_GROUP_SIZE}, not {target!r}")
+        if not _is_int(min_size) or not 1 <= min_size <= target:
+            raise ConfigError(f"form_group: min_group_size must be an integer in "
+                              f"1..target_group_size ({target}), not {min_size!r}")
+        if not isinstance(time_, (int, float)) or isinstance(time_, bool) \
+                or not math.isfinite(time_) or not 0 < time_ <= MAX_MATCHMAKING_TIME:
+            raise ConfigError(f"form_group: matchmaking_time must be in "
+                              f"(0, {MAX_MATCHMAKING_TIME}] seconds, not {time_!r}")
+        return _Params(config, target, min_size, float(time_), self._max_hold)
+
+    # -- one round -----------------------------------------------------------------------
+
+    async def _run(self, session: _Session, params: _Params, deadline: float,
+                   notes: list[str]) -> Group | None:
+        round_ = session.round
+        me = round_.me
+        name = round_key(round_.run_id, round_.epoch)
+        expiration = self._dht.now() + params.matchmaking_time + self._config.expiration_margin
+        if not await self._dht.announce(name, expiration):
+            logger.debug("matchmaking %s: no DHT node holds our announcement", name)
+        await trio.sleep(params.gather_time)
+        view = await self._fetch_view(name, me)
+        logger.debug("matchmaking %s: view of %d peers", name, len(view))
+        fetches = 1
+        excluded: set[ID] = set()
+        closed: set[ID] = set()
+        attempts = 0
+        while True:
+            plan = plan_groups(round_.run_id, round_.epoch, view.values(),
+                               params.target_group_size)
+            choice = next_leader(plan, me, excluded, closed)
+            if choice is None or (choice != me.peer_id
+                                  and attempts >= self._config.max_join_attempts):
+                grown = False
+                while choice is None and not grown and fetches < self._config.max_view_fetches:
+                    # Nobody left to ask: perhaps peers announced since we looked.
+                    await trio.sleep(params.gather_time)
+                    fresh = await self._fetch_view(name, me)
+                    fetches += 1
+                    grown = bool(fresh.keys() - view.keys())
+                    view.update(fresh)
+                if grown:
+                    continue
+                notes.append("no leader left to ask" if choice is None
+                             else f"{attempts} join attempts made")
+                return None
+            if choice == me.peer_id:
+                expected = expected_members(plan, me.peer_id, excluded, closed)
+                group = await self._lead(session, expected, params, deadline, notes)
+                if group is not None:
+                    return group
+                excluded.add(me.peer_id)
+                continue
+            round_.follow()
+            session.notify()
+            attempts += 1
+            result = await self._join(round_, choice, params, deadline, notes)
+            if isinstance(result, Group):
+                round_.finish(result)
+                session.notify()
+                return result
+            excluded.add(choice)
+            if result in ("full", "finalized"):
+                planned = plan.group_of(choice)
+                if planned is not None:
+                    closed.add(planned.leader)
+
+    async def _fetch_view(self, name: str, me: GroupMemberInfo) -> dict[ID, GroupMemberInfo]:
+        self._counters["view_fetches"] += 1
+        peers: list[GroupPeer] = await self._dht.find_peers(name)
+        view = {p.peer_id: GroupMemberInfo(p.peer_id, p.client_mode) for p in peers}
+        view[me.peer_id] = me  # our own entry may not have reached the DHT (yet)
+        return view
+
+    async def _lead(self, session: _Session, expected: frozenset[ID] | None, params: _Params,
+                    deadline: float, notes: list[str]) -> Group | None:
+        round_ = session.round
+        now = trio.current_time()
+        finalize_at = min(now + params.join_window, deadline - REPLY_MARGIN)
+        state = round_.lead(expected, finalize_at)
+        session.notify()
+        logger.debug("matchmaking %s/%d: leading, expecting %s", round_.run_id, round_.epoch,
+                     "leftovers" if expected is None else len(expected))
+        while not state.ready(trio.current_time()):
+            with trio.move_on_at(finalize_at):
+                await session.wait_changed()
+        group = state.finalize(trio.current_time(), self._host.is_connected)
+        logger.debug("matchmaking %s/%d: finalized with %s members", round_.run_id,
+                     round_.epoch, group and len(group))
+        if group is not None:
+            round_.finish(group)
+            session.notify()
+            return group
+        notes.append(f"led, but {state.disband_detail}")
+        round_.give_up_leading(state.disband_detail)
+        session.notify()
+        return None
+
+    async def _join(self, round_: MatchmakingRound, leader: ID, params: _Params,
+                    deadline: float, notes: list[str]) -> Group | str:
+        """Ask ``leader`` to join: the group, or why not (a refusal code, or
+        ``failed``/``bad_answer``)."""
+        wait = min(deadline - trio.current_time(), params.join_wait)
+        if wait <= 2 * REPLY_MARGIN:
+            notes.append("no time left to join")
+            return "failed"
+        request = Join(round_.run_id, round_.epoch, params.target_group_size,
+                       round_.me.client_mode, wait)
+        self._counters["joins_sent"] += 1
+        logger.debug("matchmaking %s/%d: asking %s to join", round_.run_id, round_.epoch, leader)
+        try:
+            reply = await self._call(leader, MATCHMAKING_PROTOCOL, request, wait)
+        except P2PDLError as exc:
+            self._counters["joins_failed"] += 1
+            notes.append(f"{_short(leader)}: {type(exc).__name__}")
+            logger.debug("join %s: %s", leader, exc)
+            return "failed"
+        if isinstance(reply, Rejected):
+            notes.append(f"{_short(leader)}: {reply.code}")
+            return reply.code
+        assert isinstance(reply, Formed)
+        try:
+            return group_from_formed(round_.run_id, round_.epoch, leader, round_.me,
+                                     params.target_group_size, reply.group_id,
+                                     [(m.peer, m.client_mode) for m in reply.members])
+        except RemoteProtocolError as exc:
+            self._counters["bad_answers"] += 1
+            notes.append(f"{_short(leader)}: bad answer")
+            logger.warning("%s", exc)
+            return "bad_answer"
+
+    # -- serving join requests ----------------------------------------------------------------
+
+    async def handle(self, ctx: RequestContext, request: Message) -> Message:
+        """The RPC handler of ``/p2pdl/matchmaking/1.0.0``.
+
+        A join request is held while this peer's role in the round is
+        undecided and, once accepted, until its group is final: at most the
+        request's ``wait`` (less REPLY_MARGIN), and at most ``max_hold``.
+        Raises :class:`RemoteProtocolError` (the stream is reset) for a
+        request that breaks the spec.
+        """
+        assert isinstance(request, Join)
+        problem = check_run(request.run_id, request.epoch)
+        if problem:
+            raise RemoteProtocolError(f"mm.join from {ctx.peer_id}: {problem}")
+        self._counters["joins_received"] += 1
+        reply = await self._answer(ctx.peer_id, request)
+        if isinstance(reply, Rejected):
+            self._counters["joins_refused"] += 1
+        return reply
+
+    async def _answer(self, peer: ID, request: Join) -> Message:
+        key = (request.run_id, request.epoch)
+        session = self._sessions.get(key)
+        if session is None:
+            return self._absent(key)
+        if self._held >= self._config.max_held_joins:
+            return _rejected(Refusal("busy", f"{self._held} join requests held"))
+        wait_until = trio.current_time() + min(request.wait, self._max_hold) - REPLY_MARGIN
+        round_ = session.round
+        accepted = False
+        self._held += 1
+        try:
+            with trio.move_on_at(wait_until):
+                while True:
+                    if not accepted:
+                        verdict = round_.on_join(peer, request.client_mode,
+                                                 request.target_group_size, wait_until,
+                                                 trio.current_time())
+                        if isinstance(verdict, Refusal):
+                            return _rejected(verdict)
+                        if verdict is ACCEPTED:
+                            accepted = True
+                            self._counters["joins_accepted"] += 1
+                            session.notify()  # the leader may be complete now
+                        else:
+                            assert verdict is HOLD
+                    if accepted:
+                        outcome = round_.outcome(peer)
+                        if outcome is not None:
+                            return _reply(outcome)
+                    await session.wait_changed()
+        finally:
+            self._held -= 1
+        # The joiner stops waiting now; a group formed at this very moment
+        # may still list it (the leader drops only joiners whose wait ended).
+        outcome = round_.outcome(peer) if accepted else None
+        if outcome is not None:
+            return _reply(outcome)
+        return _rejected(Refusal("expired", "the request's wait ended before a group formed"))
+
+    def _absent(self, key: tuple[str, int]) -> Rejected:
+        """The answer for a round this node does not run (now)."""
+        run_id, epoch = key
+        code = self._recent.get(key)
+        if code is not None:
+            return _rejected(Refusal(code, "this peer's round is over"))
+        if any(r == run_id for r, _ in self._sessions):
+            return _rejected(Refusal("wrong_epoch", f"not matchmaking for epoch {epoch}"))
+        return _rejected(Refusal("unknown_run", "not matchmaking for this run"))
+
+
+def _rejected(refusal: Refusal) -> Rejected:
+    assert refusal.code in REJECT_CODES, refusal.code
+    return Rejected(refusal.code, refusal.detail[:MAX_DETAIL_LENGTH])
+
+
+def _reply(outcome: Group | Refusal) -> Message:
+    if isinstance(outcome, Refusal):
+        return _rejected(outcome)
+    return Formed(outcome.group_id, [MemberEntry(m.peer_id.to_bytes(), m.client_mode)
+                                     for m in outcome.members])
+
+
+def _short(peer: ID) -> str:
+    text = str(peer)
+    return text[-8:]
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+

@@ -1,0 +1,34 @@
+"""Progress layer: when has the collaboration processed the global batch?
+
+Each peer publishes a signed report (epoch, samples accumulated, samples per
+second, time, client mode) to the other members of its run by gossip, and
+keeps a snapshot of it in the DHT for late joiners and as the fallback when
+gossip is partitioned.  From all reports each peer estimates the global
+progress by DeDLOC's rules and knows when it is ready to step
+(protocols/progress.md, docs/progress.md).  Reach it as ``node.progress``.
+Modules:
+
+* ``config`` -- :class:`ProgressConfig` (documented defaults) and the wire's hard limits.
+* ``_messages`` -- the protocol ``/p2pdl/progress/1.0.0``: reports, pushes, signatures.
+* ``_state`` -- :class:`ProgressView` (the global view), :class:`PublishPolicy`
+  (dead reckoning), :class:`RateEMA` (sans-IO).
+* ``_service`` -- :class:`ProgressService` and :class:`ProgressTracker`: gossip,
+  anti-entropy, DHT snapshots.
+"""
+
+from ._messages import PROGRESS_PROTOCOL as PROGRESS_PROTOCOL
+from ._messages import PROGRESS_PROTOCOL_ID as PROGRESS_PROTOCOL_ID
+from ._messages import Report as Report
+from ._messages import sign_report as sign_report
+from ._messages import verify_report as verify_report
+from ._service import SNAPSHOT_SCHEMA as SNAPSHOT_SCHEMA
+from ._service import ProgressService as ProgressService
+from ._service import ProgressTracker as ProgressTracker
+from ._state import GlobalProgress as GlobalProgress
+from ._state import PeerReport as PeerReport
+from ._state import ProgressView as ProgressView
+from ._state import PublishPolicy as PublishPolicy
+from ._state import RateEMA as RateEMA
+from ._state import Verdict as Verdict
+from .config import SNAPSHOT_PREFIX as SNAPSHOT_PREFIX
+from .config import ProgressConfig as ProgressConfig

@@ -1,0 +1,119 @@
+"""The progress protocol ``/p2pdl/progress/1.0.0``: reports, pushes, signatures.  No I/O.
+
+A report is signed by its peer's key over a fixed msgpack array (the
+signing payload below), so it can be forwarded by anyone and stored in the
+DHT unchanged.  Types are checked by the decoder (a wrong type resets the
+stream); values (negative counts, absurd rates, future times) are checked by
+the receiver, which drops and counts such reports without resetting the
+stream, since a forwarder is not to blame for a report it relays.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgpack
+from libp2p.crypto.keys import PrivateKey
+from libp2p.peer.id import ID
+
+from ..wire import MaxLen, Message, RpcProtocol
+from .config import (
+    MAX_ADDR_LENGTH,
+    MAX_ADDRS,
+    MAX_DIGEST,
+    MAX_PEER_ID_SIZE,
+    MAX_REPORTS,
+    MAX_RUN_ID_LENGTH,
+    MAX_SIGNATURE_SIZE,
+)
+
+__all__ = ["PROGRESS_PROTOCOL_ID", "PROGRESS_PROTOCOL", "Report", "Push", "Reports",
+           "DigestEntry", "SnapshotEntry", "SIGNATURE_DOMAIN", "signing_payload", "sign_report",
+           "verify_report"]
+
+PROGRESS_PROTOCOL_ID = "/p2pdl/progress/1.0.0"
+SIGNATURE_DOMAIN = "p2pdl/progress/report/1"
+
+RunId = Annotated[str, MaxLen(MAX_RUN_ID_LENGTH)]
+PeerBytes = Annotated[bytes, MaxLen(MAX_PEER_ID_SIZE)]
+
+
+class Report(Message, tag="progress.report"):
+    """One peer's progress in one run, signed by that peer."""
+
+    run_id: RunId
+    peer_id: PeerBytes
+    epoch: int
+    samples_accumulated: int
+    samples_per_second: float
+    time: float
+    client_mode: bool
+    auxiliary: bool
+    signature: Annotated[bytes, MaxLen(MAX_SIGNATURE_SIZE)]
+
+
+class DigestEntry(Message, tag="progress.digest_entry"):
+    """What a peer knows of another: the time of its latest report."""
+
+    peer_id: PeerBytes
+    time: float
+
+
+class Push(Message, tag="progress.push"):
+    """Reports for ``run_id``; with ``want_reply`` the answer carries what the
+    receiver knows that ``digest`` says the sender lacks."""
+
+    run_id: RunId
+    reports: Annotated[tuple[Report, ...], MaxLen(MAX_REPORTS)]
+    want_reply: bool = False
+    digest: Annotated[tuple[DigestEntry, ...], MaxLen(MAX_DIGEST)] = ()
+
+
+class Reports(Message, tag="progress.reports"):
+    """The answer to a push: reports the pusher lacks (empty unless it asked)."""
+
+    reports: Annotated[tuple[Report, ...], MaxLen(MAX_REPORTS)] = ()
+
+
+class SnapshotEntry(Message, tag="progress.snapshot"):
+    """A peer's entry in the DHT snapshot of a run: its signed report and its addresses."""
+
+    report: Report
+    addrs: Annotated[tuple[Annotated[str, MaxLen(MAX_ADDR_LENGTH)], ...], MaxLen(MAX_ADDRS)] = ()
+
+
+PROGRESS_PROTOCOL = RpcProtocol.define(PROGRESS_PROTOCOL_ID, [Push], [Reports])
+
+
+def signing_payload(run_id: str, peer_id: bytes, epoch: int, samples_accumulated: int,
+                    samples_per_second: float, time: float, client_mode: bool,
+                    auxiliary: bool) -> bytes:
+    """The bytes a peer signs: the domain, then every field of the report but the signature."""
+    return msgpack.packb([SIGNATURE_DOMAIN, run_id, peer_id, epoch, samples_accumulated,
+                          float(samples_per_second), float(time), client_mode, auxiliary],
+                         use_bin_type=True)
+
+
+def sign_report(private_key: PrivateKey, peer_id: ID, run_id: str, epoch: int,
+                samples_accumulated: int, samples_per_second: float, time: float,
+                client_mode: bool, auxiliary: bool = False) -> Report:
+    raw = peer_id.to_bytes()
+    payload = signing_payload(run_id, raw, epoch, samples_accumulated, samples_per_second,
+                              time, client_mode, auxiliary)
+    return Report(run_id, raw, epoch, samples_accumulated, float(samples_per_second),
+                  float(time), client_mode, auxiliary, private_key.sign(payload))
+
+
+def verify_report(report: Report) -> ID | None:
+    """The report's peer id if its signature verifies under the key in that id, else None."""
+    try:
+        peer = ID(report.peer_id)
+        public_key = peer.extract_public_key()
+        if public_key is None:
+            return None
+        payload = signing_payload(report.run_id, report.peer_id, report.epoch,
+                                  report.samples_accumulated, report.samples_per_second,
+                                  report.time, report.client_mode, report.auxiliary)
+        return peer if public_key.verify(payload, report.signature) else None
+    except Exception:  # untrusted bytes: any decoding failure means "not signed by it"
+        return None

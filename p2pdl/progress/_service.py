@@ -1,0 +1,604 @@
+"""The progress service of a node: gossip of signed reports, DHT snapshots.
+
+One :class:`ProgressService` per node answers ``/p2pdl/progress/1.0.0`` and
+holds the runs this node tracks; :meth:`ProgressService.track` opens a
+:class:`ProgressTracker` for one run.  A tracker runs three tasks:
+
+* **publisher** -- signs the local report when :class:`PublishPolicy` says so
+  and pushes it to every member of the run (one coalescing push loop per
+  member: a member that is slow gets the newest report, never a queue);
+* **anti-entropy** -- every ``sync_interval`` a push with a digest to one
+  random member, whose answer carries the reports this peer lacks;
+* **snapshots** -- the signed report stored under ``p2pdl/progress/<run>``
+  in the DHT (at start, then every ``snapshot_interval``); read at
+  start (late joiners), while the peer knows no member, and when no live
+  report came for ``partition_timeout`` (gossip partitioned).
+
+Members are the peers whose reports the view holds or whose snapshot
+entries have not expired.  The logic is in ``_state`` (sans-IO).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Protocol
+
+import trio
+from libp2p.peer.id import ID
+
+from .._concurrency import open_service_nursery
+from ..dht import DHTService, Schema
+from ..errors import CallTimeoutError, ConfigError, LocalProtocolError, P2PDLError
+from ..net import Host
+from ..wire import Message, RequestContext
+from ._messages import (
+    PROGRESS_PROTOCOL,
+    DigestEntry,
+    Push,
+    Report,
+    Reports,
+    SnapshotEntry,
+    sign_report,
+    verify_report,
+)
+from ._state import (
+    GlobalProgress,
+    PeerReport,
+    ProgressView,
+    PublishPolicy,
+    RateEMA,
+    Verdict,
+    check_report_values,
+)
+from .config import (
+    MAX_ADDRS,
+    MAX_DIGEST,
+    MAX_REPORTS,
+    MAX_RUN_ID_LENGTH,
+    SNAPSHOT_PREFIX,
+    ProgressConfig,
+)
+
+__all__ = ["ProgressService", "ProgressTracker", "SNAPSHOT_SCHEMA", "TRACKER_COUNTERS"]
+
+logger = logging.getLogger(__name__)
+
+#: Built into every node: snapshot records hold one signed subkey per peer.
+SNAPSHOT_SCHEMA = Schema(SNAPSHOT_PREFIX, SnapshotEntry, dictionary=True, signed_subkeys=True)
+
+#: The counters of :meth:`ProgressTracker.statistics` (all present, from 0).
+TRACKER_COUNTERS = ("reports_published", "reports_received", "reports_accepted",
+                    "reports_stale", "dropped_bad_signature", "dropped_absurd",
+                    "dropped_wrong_run", "dropped_full", "pushes_sent", "pushes_failed",
+                    "syncs", "snapshots_stored", "snapshots_failed", "snapshot_fetches")
+
+Call = Callable[..., Awaitable[Message]]
+
+#: Longest rest of a member whose pushes keep failing (s); see max_push_failures.
+MAX_PUSH_BACKOFF = 60.0
+
+
+class _Reachability(Protocol):
+    @property
+    def client_mode(self) -> bool: ...
+
+
+def _peer_report(report: Report) -> PeerReport:
+    return PeerReport(report.peer_id, report.epoch, report.samples_accumulated,
+                      report.samples_per_second, report.time, report.client_mode,
+                      report.auxiliary)
+
+
+class ProgressService:
+    """Answers progress pushes and holds this node's trackers (``node.progress``)."""
+
+    def __init__(self, host: Host, call: Call, dht: DHTService, reachability: _Reachability,
+                 config: ProgressConfig | None = None) -> None:
+        self._host = host
+        self._call = call
+        self._dht = dht
+        self._reachability = reachability
+        self.config = config or ProgressConfig()
+        self._trackers: dict[str, ProgressTracker] = {}
+        self._unknown_run = 0
+        dht.register_schema(SNAPSHOT_SCHEMA)
+
+    def statistics(self) -> dict[str, Any]:
+        """``runs`` tracked and ``reports_unknown_run`` (dropped: no tracker for their run)."""
+        return {"runs": sorted(self._trackers), "reports_unknown_run": self._unknown_run}
+
+    def tracker(self, run_id: str) -> ProgressTracker | None:
+        return self._trackers.get(run_id)
+
+    async def handle(self, ctx: RequestContext, request: Message) -> Message:
+        assert isinstance(request, Push)
+        tracker = self._trackers.get(request.run_id)
+        if tracker is None:
+            self._unknown_run += len(request.reports)
+            return Reports()
+        return tracker._on_push(ctx.peer_id, request)
+
+    @asynccontextmanager
+    async def track(self, run_id: str, target_batch_size: int, *, auxiliary: bool = False,
+                    client_mode: bool | None = None,
+                    config: ProgressConfig | None = None) -> AsyncIterator[ProgressTracker]:
+        """Take part in run ``run_id``'s progress for the duration of the block.
+
+        ``auxiliary`` peers reduce but process no samples: they publish
+        reports with no samples (so that they count as members and get the
+        gossip) and follow the epoch.  ``client_mode`` overrides the node's
+        (None: the node's own, as reachability decides).  ``config``
+        overrides the node's :class:`ProgressConfig` for this run.  On exit
+        the tasks end and reports for the run are no longer accepted.
+
+        Raises :class:`ConfigError` for a bad run id or target, or when the
+        node already tracks ``max_runs`` runs or this one.
+        """
+        if not isinstance(run_id, str) or not run_id or len(run_id) > MAX_RUN_ID_LENGTH:
+            raise ConfigError(f"run_id must be a non-empty string of at most "
+                              f"{MAX_RUN_ID_LENGTH} characters, got {run_id!r}")
+        if isinstance(target_batch_size, bool) or not isinstance(target_batch_size, int) \
+                or target_batch_size < 1:
+            raise ConfigError(f"target_batch_size must be a positive integer, "
+                              f"got {target_batch_size!r}")
+        if run_id in self._trackers:
+            raise ConfigError(f"this node already tracks run {run_id!r}")
+        config = config or self.config
+        if len(self._trackers) >= config.max_runs:
+            raise ConfigError(f"this node already tracks {len(self._trackers)} runs "
+                              f"(max_runs)")
+        async with open_service_nursery() as nursery:
+            tracker = ProgressTracker(self, run_id, target_batch_size, auxiliary, client_mode,
+                                      config, nursery)
+            self._trackers[run_id] = tracker
+            try:
+                nursery.start_soon(tracker._publisher)
+                nursery.start_soon(tracker._anti_entropy)
+                nursery.start_soon(tracker._snapshots)
+                yield tracker
+            finally:
+                del self._trackers[run_id]
+                tracker._closed = True
+                nursery.cancel_scope.cancel()
+
+
+class ProgressTracker:
+    """This peer's part in one run's progress.  Open it with :meth:`ProgressService.track`.
+
+    Call :meth:`report` after each local step; read :meth:`global_progress`
+    or await :meth:`wait_ready`; call :meth:`update_epoch` after the step.
+    """
+
+    def __init__(self, service: ProgressService, run_id: str, target_batch_size: int,
+                 auxiliary: bool, client_mode: bool | None, config: ProgressConfig,
+                 nursery: trio.Nursery) -> None:
+        self._service = service
+        self.run_id = run_id
+        self.target_batch_size = target_batch_size
+        self.auxiliary = auxiliary
+        self._client_mode = client_mode
+        self.config = config
+        self._nursery = nursery
+        self._host = service._host
+        self._peer_id: ID = service._host.peer_id
+        self._key = service._host.libp2p.get_private_key()
+        self._view = ProgressView(self._peer_id.to_bytes(), target_batch_size, config)
+        self._policy = PublishPolicy(config)
+        self._ema = RateEMA(config.rate_half_life)
+        self._epoch = 0
+        self._samples = 0
+        self._rate_override: float | None = None
+        self._own: Report | None = None
+        self._signed: dict[bytes, Report] = {}
+        self._contacts: dict[bytes, float] = {}   # peer -> wall time its membership ends
+        self._pending: dict[bytes, bool] = {}     # peer -> a push is due (with a reply wanted)
+        self._inflight: set[bytes] = set()
+        self._failures: dict[bytes, int] = collections.defaultdict(int)
+        self._retry_at: dict[bytes, float] = {}   # peer -> trio time its pushes resume
+        self._synced: set[bytes] = set()
+        self._limiter = trio.Semaphore(config.max_concurrent_pushes)
+        self._changed = trio.Event()
+        self._wakeup = trio.Event()
+        self._snapshot_due = trio.Event()
+        self._last_live = time.time()
+        self._counters = dict.fromkeys(TRACKER_COUNTERS, 0)
+        self._closed = False
+
+    # -- the local peer ---------------------------------------------------------
+
+    @property
+    def peer_id(self) -> ID:
+        return self._peer_id
+
+    @property
+    def local_epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def samples_accumulated(self) -> int:
+        return self._samples
+
+    @property
+    def client_mode(self) -> bool:
+        if self._client_mode is not None:
+            return self._client_mode
+        return self._service._reachability.client_mode
+
+    def report(self, samples_accumulated: int, epoch: int | None = None, *,
+               samples_per_second: float | None = None) -> None:
+        """Say that this peer has ``samples_accumulated`` samples towards ``epoch``.
+
+        ``epoch`` defaults to the current local epoch.  The rate is measured
+        from successive calls (an EMA) unless ``samples_per_second`` is
+        given.  Publishing follows the publish policy; this never blocks.
+        Raises :class:`LocalProtocolError` for negative or non-integer values,
+        an epoch going back, or samples from an auxiliary peer.
+        """
+        epoch = self._epoch if epoch is None else epoch
+        for name, value in (("samples_accumulated", samples_accumulated), ("epoch", epoch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise LocalProtocolError(f"{name} must be an integer >= 0, got {value!r}")
+        if epoch < self._epoch:
+            raise LocalProtocolError(f"epoch {epoch} is behind the local epoch {self._epoch}")
+        if self.auxiliary and samples_accumulated:
+            raise LocalProtocolError("an auxiliary peer processes no samples")
+        if samples_per_second is not None:
+            if not (isinstance(samples_per_second, (int, float)) and
+                    0 <= samples_per_second <= self.config.max_samples_per_second):
+                raise LocalProtocolError(f"samples_per_second must be in [0, "
+                                         f"{self.config.max_samples_per_second:g}]")
+            self._rate_override = float(samples_per_second)
+        now = time.time()
+        if epoch == self._epoch and samples_accumulated >= self._samples:
+            self._ema.update(samples_accumulated - self._samples, now)
+        else:
+            self._ema.reset_timer(now)
+        self._epoch, self._samples = epoch, samples_accumulated
+        self._local_changed()
+
+    def update_epoch(self, epoch: int | None = None) -> int:
+        """Move to ``epoch`` (default: the next one) with no samples; returns it."""
+        epoch = self._epoch + 1 if epoch is None else epoch
+        self.report(0, epoch)
+        return epoch
+
+    def _local_report(self, now: float) -> PeerReport:
+        rate = self._rate_override if self._rate_override is not None else self._ema.rate
+        return PeerReport(self._peer_id.to_bytes(), self._epoch, self._samples,
+                          0.0 if self.auxiliary else rate, now, self.client_mode, self.auxiliary)
+
+    def _local_changed(self) -> None:
+        self._view.set_local(self._local_report(time.time()))
+        self._wakeup.set()
+        self._changed.set()
+
+    # -- the global view --------------------------------------------------------
+
+    def global_progress(self) -> GlobalProgress:
+        """The collaboration's progress now, as this peer sees it."""
+        now = time.time()
+        self._view.set_local(self._local_report(now))
+        return self._view.global_progress(now)
+
+    @property
+    def ready_to_step(self) -> bool:
+        return self.global_progress().ready_to_step
+
+    def peers(self) -> list[PeerReport]:
+        """The live reports of the other peers."""
+        return self._view.peers(time.time())
+
+    async def wait_changed(self, timeout: float) -> None:
+        """Return when a report or the local state changes, or after ``timeout`` s."""
+        with trio.move_on_after(timeout):
+            await self._changed.wait()
+
+    async def wait_ready(self, timeout: float | None = None) -> GlobalProgress:
+        """Wait until this peer is ready to step; returns the global progress then.
+
+        Raises :class:`CallTimeoutError` after ``timeout`` seconds (None: no limit).
+        """
+        deadline = trio.current_time() + (math.inf if timeout is None else timeout)
+        while True:
+            progress = self.global_progress()
+            if progress.ready_to_step:
+                return progress
+            now = trio.current_time()
+            if now >= deadline:
+                raise CallTimeoutError(
+                    f"not ready within {timeout:.1f} s: {progress.samples_accumulated} of "
+                    f"{progress.target_batch_size} samples for epoch {progress.epoch}")
+            wait = min(deadline - now, self._view.ready_at(progress.time) - progress.time, 5.0)
+            self._changed = trio.Event() if self._changed.is_set() else self._changed
+            with trio.move_on_after(max(wait, 0.001)):
+                await self._changed.wait()
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters (every one present, from 0) and the view's size."""
+        return {"run_id": self.run_id, "peers": len(self._view), "members": len(self._members()),
+                **self._counters}
+
+    # -- receiving --------------------------------------------------------------
+
+    def _absorb(self, report: Report, sender: ID | None, now: float) -> Verdict | None:
+        """Check and take one report; None when it was dropped before the view."""
+        self._counters["reports_received"] += 1
+        if report.run_id != self.run_id:
+            self._counters["dropped_wrong_run"] += 1
+            return None
+        known = self._signed.get(report.peer_id)
+        if known is not None and (report.epoch, report.time) <= (known.epoch, known.time):
+            self._counters["reports_stale"] += 1
+            return Verdict.STALE
+        if report.peer_id == self._view.local_peer:
+            return Verdict.SELF
+        reason = check_report_values(_peer_report(report), now, self.config)
+        if reason is not None:
+            self._counters["dropped_absurd"] += 1
+            logger.debug("run %s: dropped a report of %s: %s", self.run_id,
+                         _short(report.peer_id), reason)
+            return None
+        if verify_report(report) is None:
+            self._counters["dropped_bad_signature"] += 1
+            logger.debug("run %s: dropped a report with a bad signature (claims %s, from %s)",
+                         self.run_id, _short(report.peer_id), sender)
+            return None
+        live = sender is not None and sender.to_bytes() == report.peer_id
+        verdict = self._view.offer(_peer_report(report), now, live=live)
+        if verdict is Verdict.ACCEPTED:
+            self._counters["reports_accepted"] += 1
+            self._signed[report.peer_id] = report
+            if self._add_contact(report.peer_id, now + self.config.report_ttl) and not live:
+                # Heard of it through a third peer: introduce ourselves, so that
+                # membership spreads in one round trip, not one sync interval.
+                self._schedule_push(report.peer_id)
+            if live:
+                self._last_live = now
+            self._changed.set()
+            self._wakeup.set()
+        elif verdict is Verdict.STALE:
+            self._counters["reports_stale"] += 1
+        elif verdict is Verdict.FULL:
+            self._counters["dropped_full"] += 1
+        elif verdict is Verdict.ABSURD:
+            self._counters["dropped_absurd"] += 1
+        return verdict
+
+    def _on_push(self, sender: ID, request: Push) -> Reports:
+        now = time.time()
+        sender_key = sender.to_bytes()
+        was_member = sender_key in self._contacts
+        for report in request.reports:
+            self._absorb(report, sender, now)
+        if sender_key in self._contacts:
+            self._failures.pop(sender_key, None)
+            self._retry_at.pop(sender_key, None)
+            if not was_member and request.want_reply:
+                self._synced.add(sender_key)  # the reply tells it what we know
+                self._pending.pop(sender_key, None)
+        if not request.want_reply:
+            return Reports()
+        return Reports(self._missing_at(request.digest, exclude=sender_key))
+
+    def _missing_at(self, digest: tuple[DigestEntry, ...], exclude: bytes) -> tuple[Report, ...]:
+        """Reports this peer holds that are newer than what ``digest`` lists (own first)."""
+        known = {entry.peer_id: entry.time for entry in digest}
+        out: list[Report] = []
+        candidates = [self._own] if self._own is not None else []
+        candidates += [r for p, r in self._signed.items() if p != exclude]
+        now = time.time()
+        live = {r.peer_id for r in self._view.peers(now)}
+        for report in candidates:
+            if report.peer_id != self._view.local_peer and report.peer_id not in live:
+                continue
+            if report.time > known.get(report.peer_id, -math.inf):
+                out.append(report)
+                if len(out) == MAX_REPORTS:
+                    break
+        return tuple(out)
+
+    def _digest(self) -> tuple[DigestEntry, ...]:
+        entries = [DigestEntry(p, r.time) for p, r in self._signed.items()]
+        return tuple(entries[:MAX_DIGEST])
+
+    # -- membership and pushing -------------------------------------------------
+
+    def _add_contact(self, peer: bytes, until: float) -> bool:
+        """Keep ``peer`` as a member until ``until``; True if it is a new one."""
+        if peer == self._view.local_peer:
+            return False
+        new = peer not in self._contacts
+        if new and len(self._contacts) >= self.config.max_peers:
+            self._expire_contacts(time.time())
+            if len(self._contacts) >= self.config.max_peers:
+                return False
+        self._contacts[peer] = max(until, self._contacts.get(peer, -math.inf))
+        return new
+
+    def _expire_contacts(self, now: float) -> None:
+        for peer in [p for p, until in self._contacts.items() if until < now]:
+            del self._contacts[peer]
+            self._signed.pop(peer, None)
+            self._synced.discard(peer)
+            self._failures.pop(peer, None)
+            self._retry_at.pop(peer, None)
+        for peer in self._view.expire(now):
+            self._signed.pop(peer, None)
+
+    def _members(self) -> list[bytes]:
+        return list(self._contacts)
+
+    def _push_targets(self) -> list[bytes]:
+        """Members worth a push: not failing, and reachable (a client only while connected)."""
+        connected = {p.to_bytes() for p in self._host.connected_peers()}
+        clock = trio.current_time()
+        out = []
+        for peer in self._contacts:
+            if self._retry_at.get(peer, -math.inf) > clock:
+                continue
+            report = self._view.report_of(peer)
+            if report is not None and report.client_mode and peer not in connected:
+                continue
+            out.append(peer)
+        return out
+
+    def _schedule_push(self, peer: bytes, want_reply: bool = False) -> None:
+        if self._closed:
+            return
+        self._pending[peer] = want_reply or self._pending.get(peer, False)
+        if peer not in self._inflight:
+            self._inflight.add(peer)
+            self._nursery.start_soon(self._push_loop, peer)
+
+    async def _push_loop(self, peer: bytes) -> None:
+        try:
+            while peer in self._pending:
+                want_reply = self._pending.pop(peer) or peer not in self._synced
+                async with self._limiter:
+                    await self._push(peer, want_reply)
+        finally:
+            self._inflight.discard(peer)
+
+    async def _push(self, peer: bytes, want_reply: bool) -> bool:
+        own = (self._own,) if self._own is not None else ()
+        request = Push(self.run_id, own, want_reply, self._digest() if want_reply else ())
+        try:
+            response = await self._service._call(ID(peer), PROGRESS_PROTOCOL, request,
+                                                 self.config.push_timeout)
+        except P2PDLError as exc:
+            self._counters["pushes_failed"] += 1
+            self._failures[peer] += 1
+            excess = self._failures[peer] - self.config.max_push_failures
+            if excess >= 0:  # rest it, doubling up to MAX_PUSH_BACKOFF, then try again
+                self._retry_at[peer] = trio.current_time() + min(
+                    MAX_PUSH_BACKOFF, self.config.sync_interval * 2.0 ** excess)
+            logger.debug("run %s: push to %s failed: %s", self.run_id, _short(peer), exc)
+            return False
+        self._counters["pushes_sent"] += 1
+        self._failures.pop(peer, None)
+        self._retry_at.pop(peer, None)
+        self._synced.add(peer)
+        assert isinstance(response, Reports)
+        now = time.time()
+        for report in response.reports:
+            self._absorb(report, ID(peer), now)
+        return True
+
+    # -- tasks ------------------------------------------------------------------
+
+    async def _publisher(self) -> None:
+        while True:
+            now = time.time()
+            local = self._local_report(now)
+            self._view.set_local(local)
+            progress = self._view.global_progress(now)
+            due = self._policy.next_publish(local, progress, self._ema.typical_batch, now)
+            if due <= now:
+                self._publish(local, now)
+                continue
+            self._wakeup = trio.Event()
+            with trio.move_on_after(min(due - now, self.config.heartbeat_interval)):
+                await self._wakeup.wait()
+
+    def _publish(self, local: PeerReport, now: float) -> None:
+        previous = self._own
+        self._own = sign_report(self._key, self._peer_id, self.run_id, local.epoch,
+                                local.samples_accumulated, local.samples_per_second, now,
+                                local.client_mode, local.auxiliary)
+        self._policy.published(local, now)
+        self._counters["reports_published"] += 1
+        if previous is None:
+            self._snapshot_due.set()
+        self._expire_contacts(now)
+        for peer in self._push_targets():
+            self._schedule_push(peer)
+
+    async def _anti_entropy(self) -> None:
+        while True:
+            await trio.sleep(self.config.sync_interval * random.uniform(0.8, 1.2))
+            targets = self._push_targets()
+            if targets:
+                self._counters["syncs"] += 1
+                self._schedule_push(random.choice(targets), want_reply=True)
+
+    async def _snapshots(self) -> None:
+        dht = self._service._dht
+        key = SNAPSHOT_PREFIX + self.run_id
+        await self._read_snapshot(dht, key)
+        next_store = -math.inf
+        alone_backoff = 1.0
+        next_read = trio.current_time() + alone_backoff
+        while True:
+            clock = trio.current_time()
+            if (self._snapshot_due.is_set() or clock >= next_store) and self._own is not None:
+                self._snapshot_due = trio.Event()
+                await self._store_snapshot(dht, key)
+                next_store = trio.current_time() + self.config.snapshot_interval
+            now = time.time()
+            alone = not self._contacts
+            partitioned = now - self._last_live > self.config.partition_timeout
+            if clock >= next_read and (alone or partitioned):
+                await self._read_snapshot(dht, key)
+                if alone and not self._contacts:
+                    alone_backoff = min(alone_backoff * 2, self.config.sync_interval * 2)
+                else:
+                    alone_backoff = 1.0
+                    self._last_live = time.time()  # give gossip a partition_timeout to resume
+                next_read = trio.current_time() + alone_backoff
+            wake = min(next_store, next_read) - trio.current_time()
+            with trio.move_on_after(max(wake, 0.05)):
+                await self._snapshot_due.wait()
+
+    async def _store_snapshot(self, dht: DHTService, key: str) -> None:
+        assert self._own is not None
+        entry = SnapshotEntry(self._own, tuple(self._host.addrs()[:MAX_ADDRS]))
+        try:
+            ok = await dht.store(key, entry, time.time() + self.config.snapshot_ttl,
+                                 subkey=dht.own_subkey())
+        except P2PDLError as exc:
+            ok = False
+            logger.debug("run %s: storing the snapshot failed: %s", self.run_id, exc)
+        self._counters["snapshots_stored" if ok else "snapshots_failed"] += 1
+
+    async def _read_snapshot(self, dht: DHTService, key: str) -> None:
+        self._counters["snapshot_fetches"] += 1
+        try:
+            found = await dht.get(key, latest=True)
+        except P2PDLError as exc:
+            logger.debug("run %s: reading the snapshot failed: %s", self.run_id, exc)
+            return
+        if found is None or not found.dictionary:
+            return
+        now = time.time()
+        fresh = []
+        for entry in found.value.values():
+            value = entry.value
+            if not isinstance(value, SnapshotEntry):
+                continue
+            peer = value.report.peer_id
+            if peer == self._view.local_peer:
+                continue
+            if self._absorb(value.report, None, now) is None:
+                continue
+            if peer not in self._contacts:
+                fresh.append(peer)
+            self._add_contact(peer, entry.expiration)
+            try:
+                self._host.add_addrs(ID(peer), value.addrs)
+            except Exception:  # an address that does not parse: the peer may be dialled otherwise
+                logger.debug("run %s: bad addresses in %s's snapshot", self.run_id, _short(peer))
+        for peer in fresh:
+            self._schedule_push(peer, want_reply=True)
+
+
+def _short(peer: bytes) -> str:
+    try:
+        return str(ID(peer))[-8:]
+    except Exception:
+        return peer[-6:].hex()

@@ -1,0 +1,327 @@
+"""Progress logic without I/O: the global view, the publish policy, the rate EMA.
+
+Time is always an argument (wall-clock seconds, the clock reports are
+stamped with).  The rules are DeDLOC's (../DESIGN.md, protocols/progress.md):
+
+* a peer's count is extrapolated by its rate: ``samples + (now - time) * sps``;
+* peers silent for ``report_ttl`` are left out;
+* the global epoch is the highest epoch of a non-client peer;
+* only peers at the global epoch count towards the target; every live
+  peer's rate counts towards the ETA (peers behind will catch up);
+* a peer is ready to step when the reported count reaches the target, or
+  the ETA (plus ``eta_grace``) has passed, or a newer epoch exists.
+
+Clock skew: a report received straight from its peer (live) tells the
+receiver that peer's clock offset (``time - received_at``, transit
+included); every report of that peer is then placed on the receiver's clock
+by that offset.  A report of a peer whose offset is unknown (from the DHT,
+or relayed) is placed no later than when it was received.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+
+from .config import MAX_COUNT, ProgressConfig
+
+__all__ = ["GlobalProgress", "ProgressView", "PublishPolicy", "RateEMA", "PeerReport",
+           "Verdict", "check_report_values"]
+
+
+class Verdict(enum.Enum):
+    """What :meth:`ProgressView.offer` did with a report."""
+
+    ACCEPTED = "accepted"
+    STALE = "stale"            # not newer than what the view holds, or too old
+    ABSURD = "absurd"          # values no honest peer sends
+    WRONG_RUN = "wrong_run"
+    FULL = "full"              # the view holds max_peers peers already
+    SELF = "self"              # a report of the local peer, sent back by others
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerReport:
+    """A report's content as the view keeps it (signature already checked)."""
+
+    peer_id: bytes
+    epoch: int
+    samples_accumulated: int
+    samples_per_second: float
+    time: float
+    client_mode: bool = False
+    auxiliary: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalProgress:
+    """The collaboration's progress as one peer sees it at ``time``.
+
+    ``samples_accumulated`` is the sum of the counts reported for ``epoch``
+    (facts); ``estimated_samples`` extrapolates each by its rate (a guess);
+    ``eta_next_epoch`` is when the estimate reaches the target (wall clock,
+    ``inf`` when nobody makes progress).  ``num_peers`` counts live peers,
+    this one included.
+    """
+
+    epoch: int
+    samples_accumulated: int
+    estimated_samples: float
+    target_batch_size: int
+    num_peers: int
+    num_clients: int
+    num_auxiliary: int
+    samples_per_second: float
+    eta_next_epoch: float
+    ready_to_step: bool
+    time: float
+
+
+def check_report_values(report: PeerReport, now: float, config: ProgressConfig) -> str | None:
+    """Why the report's values are absurd, or None if they are plausible."""
+    if not 0 <= report.epoch <= MAX_COUNT:
+        return f"epoch {report.epoch} out of range"
+    if not 0 <= report.samples_accumulated <= MAX_COUNT:
+        return f"samples_accumulated {report.samples_accumulated} out of range"
+    sps = report.samples_per_second
+    if not (math.isfinite(sps) and 0 <= sps <= config.max_samples_per_second):
+        return f"samples_per_second {sps} outside [0, {config.max_samples_per_second:g}]"
+    if not math.isfinite(report.time) or report.time > now + config.max_clock_skew:
+        return f"time {report.time:.3f} is more than {config.max_clock_skew:g} s ahead"
+    if report.auxiliary and report.samples_accumulated:
+        return "an auxiliary peer reported samples"
+    return None
+
+
+@dataclasses.dataclass
+class _Entry:
+    report: PeerReport
+    anchor: float      # the report's time on this peer's clock
+    received_at: float
+
+
+class ProgressView:
+    """Every peer's latest report in one run, and the global progress from them.
+
+    The local peer's own state is set with :meth:`set_local` (it is never
+    stale); other peers' reports come in through :meth:`offer`.
+    """
+
+    def __init__(self, local_peer: bytes, target_batch_size: int,
+                 config: ProgressConfig | None = None) -> None:
+        self.local_peer = local_peer
+        self.target_batch_size = target_batch_size
+        self.config = config or ProgressConfig()
+        self._entries: dict[bytes, _Entry] = {}
+        self._offsets: dict[bytes, float] = {}
+        self.local = PeerReport(local_peer, 0, 0, 0.0, 0.0)
+
+    # -- input ----------------------------------------------------------------
+
+    def set_local(self, report: PeerReport) -> None:
+        self.local = report
+
+    def offer(self, report: PeerReport, now: float, *, live: bool = False) -> Verdict:
+        """Take ``report`` (its signature already verified) received at ``now``.
+
+        ``live``: it came straight from its own peer, just now, so it tells
+        that peer's clock offset.
+        """
+        if report.peer_id == self.local_peer:
+            return Verdict.SELF
+        if check_report_values(report, now, self.config) is not None:
+            return Verdict.ABSURD
+        old = self._entries.get(report.peer_id)
+        if old is not None and (report.epoch, report.time) <= (old.report.epoch, old.report.time):
+            return Verdict.STALE
+        if live:
+            offset = report.time - now
+            previous = self._offsets.get(report.peer_id)
+            # The smallest offset seen is the one with the least transit delay;
+            # let it drift slowly so that a clock adjustment is followed.
+            self._offsets[report.peer_id] = (offset if previous is None or offset < previous
+                                             else previous + 0.1 * (offset - previous))
+        anchor = self._anchor(report, now)
+        if now - anchor > self.config.report_ttl:
+            return Verdict.STALE
+        if old is None and len(self._entries) + 1 >= self.config.max_peers:
+            self.expire(now)
+            if len(self._entries) + 1 >= self.config.max_peers:
+                return Verdict.FULL
+        self._entries[report.peer_id] = _Entry(report, anchor, now)
+        return Verdict.ACCEPTED
+
+    def _anchor(self, report: PeerReport, now: float) -> float:
+        offset = self._offsets.get(report.peer_id)
+        if offset is not None:
+            return min(report.time - offset, now)
+        return min(report.time, now)
+
+    def expire(self, now: float) -> list[bytes]:
+        """Forget peers silent for ``report_ttl``; returns their ids."""
+        ttl = self.config.report_ttl
+        gone = [p for p, e in self._entries.items() if now - e.anchor > ttl]
+        for peer in gone:
+            del self._entries[peer]
+            self._offsets.pop(peer, None)
+        return gone
+
+    def forget(self, peer: bytes) -> None:
+        self._entries.pop(peer, None)
+        self._offsets.pop(peer, None)
+
+    # -- output ---------------------------------------------------------------
+
+    def peers(self, now: float) -> list[PeerReport]:
+        """Live reports of other peers."""
+        ttl = self.config.report_ttl
+        return [e.report for e in self._entries.values() if now - e.anchor <= ttl]
+
+    def report_of(self, peer: bytes) -> PeerReport | None:
+        entry = self._entries.get(peer)
+        return entry.report if entry is not None else None
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def global_progress(self, now: float) -> GlobalProgress:
+        """The global view at ``now``, and whether the local peer is ready to step."""
+        ttl = self.config.report_ttl
+        local = self.local
+        live: list[tuple[PeerReport, float]] = [(local, now)]
+        live += [(e.report, e.anchor) for e in self._entries.values() if now - e.anchor <= ttl]
+        epoch = local.epoch
+        for report, _ in live:
+            if not report.client_mode:
+                epoch = max(epoch, report.epoch)
+        reported = 0
+        estimated = 0.0
+        total_sps = 0.0
+        extrapolated_sps = 0.0  # the rate at which the estimate grows
+        for report, anchor in live:
+            total_sps += report.samples_per_second
+            if report.epoch == epoch:
+                reported += report.samples_accumulated
+                estimated += report.samples_accumulated
+                if now > anchor:
+                    estimated += (now - anchor) * report.samples_per_second
+                    extrapolated_sps += report.samples_per_second
+        remaining = self.target_batch_size - estimated
+        if remaining <= 0:
+            # When the estimate crossed the target (a fixed time, so that
+            # eta_grace can pass), not a time that moves with ``now``.
+            eta = now + remaining / extrapolated_sps if extrapolated_sps > 0 else now
+        elif total_sps > 0:
+            eta = now + remaining / total_sps
+        else:
+            eta = math.inf
+        ready = (epoch > local.epoch or reported >= self.target_batch_size
+                 or now >= eta + self.config.eta_grace)
+        return GlobalProgress(
+            epoch=epoch, samples_accumulated=reported, estimated_samples=estimated,
+            target_batch_size=self.target_batch_size, num_peers=len(live),
+            num_clients=sum(r.client_mode for r, _ in live),
+            num_auxiliary=sum(r.auxiliary for r, _ in live),
+            samples_per_second=total_sps, eta_next_epoch=eta, ready_to_step=ready, time=now)
+
+    def ready_at(self, now: float) -> float:
+        """When the local peer becomes ready if no new report arrives (``now`` if it is)."""
+        progress = self.global_progress(now)
+        if progress.ready_to_step:
+            return now
+        return progress.eta_next_epoch + self.config.eta_grace
+
+
+class RateEMA:
+    """Samples per second, as an exponential moving average over time.
+
+    Each :meth:`update` adds the samples processed since the previous one;
+    the rate of that interval enters with weight ``1 - 2**(-dt / half_life)``.
+    """
+
+    def __init__(self, half_life: float) -> None:
+        self.half_life = half_life
+        self.rate = 0.0
+        self.batch = 0.0          # typical samples per update, also averaged
+        self.previous_batch = 0.0
+        self._last: float | None = None
+
+    def update(self, samples: int, now: float) -> None:
+        if self._last is None or samples < 0:
+            self._last = now
+            return
+        dt = now - self._last
+        if dt <= 0:
+            self.batch = max(self.batch, float(samples))
+            return
+        weight = 1.0 - 2.0 ** (-dt / self.half_life)
+        if self.rate == 0.0:
+            weight = 1.0
+        self.rate += weight * (samples / dt - self.rate)
+        self.previous_batch = self.batch
+        self.batch = samples if self.batch == 0.0 else self.batch + 0.2 * (samples - self.batch)
+        self._last = now
+
+    @property
+    def typical_batch(self) -> float:
+        """The batch size without the latest increment's pull: an unusual jump
+        is news, not a new normal (0 until two increments were seen)."""
+        return min(self.batch, self.previous_batch)
+
+    def reset_timer(self, now: float) -> None:
+        """Restart the interval (after a pause, so the pause does not count as slowness)."""
+        self._last = now
+
+
+class PublishPolicy:
+    """When a peer publishes its report (dead reckoning).
+
+    Others extrapolate the last published report; the peer publishes again
+    when that extrapolation is wrong by more than a tolerance, when its
+    epoch or role changed, when the next epoch is near (every change, so the
+    moment the target is reached is known from reports), and at least every
+    ``heartbeat_interval``.  Never more often than ``min_publish_interval``.
+    """
+
+    def __init__(self, config: ProgressConfig) -> None:
+        self.config = config
+        self.last: PeerReport | None = None
+        self.last_at = -math.inf
+
+    def published(self, report: PeerReport, now: float) -> None:
+        self.last = report
+        self.last_at = now
+
+    def next_publish(self, local: PeerReport, progress: GlobalProgress, typical_batch: float,
+                     now: float) -> float:
+        """The time the next report is due (``<= now``: publish now)."""
+        due = self._due(local, progress, typical_batch, now)
+        return max(due, self.last_at + self.config.min_publish_interval)
+
+    def _due(self, local: PeerReport, progress: GlobalProgress, typical_batch: float,
+             now: float) -> float:
+        last = self.last
+        if last is None or (local.epoch, local.client_mode, local.auxiliary) != (
+                last.epoch, last.client_mode, last.auxiliary):
+            return now
+        heartbeat = self.last_at + self.config.heartbeat_interval
+        if local.samples_accumulated == last.samples_accumulated and local.samples_per_second \
+                == last.samples_per_second == 0:
+            return heartbeat
+        if (local.samples_accumulated != last.samples_accumulated
+                and progress.eta_next_epoch - now <= self.config.endgame_time):
+            return now
+        tolerance = max(self.config.drift_fraction * progress.target_batch_size
+                        / max(1, progress.num_peers),
+                        self.config.drift_batches * typical_batch, 1.0)
+        predicted = last.samples_accumulated + max(0.0, now - last.time) * last.samples_per_second
+        if abs(local.samples_accumulated - predicted) > tolerance:
+            return now
+        due = heartbeat
+        if last.samples_per_second > 0:
+            # With no new samples, the prediction outruns the count at this time.
+            crossing = last.time + (local.samples_accumulated + tolerance
+                                    - last.samples_accumulated) / last.samples_per_second
+            due = min(due, crossing)
+        return due

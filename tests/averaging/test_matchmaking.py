@@ -1,0 +1,425 @@
+"""Matchmaking on real nodes over loopback (in this process, and one child process)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import json
+import pathlib
+import signal
+import subprocess
+import sys
+from contextlib import AsyncExitStack
+
+import msgpack
+import pytest
+import trio
+
+import p2pdl
+from p2pdl import NodeConfig
+from p2pdl.averaging import (
+    MATCHMAKING_PROTOCOL,
+    Group,
+    GroupMemberInfo,
+    MatchmakingConfig,
+    compute_group_id,
+    plan_groups,
+    round_key,
+)
+from p2pdl.averaging._mm_messages import Formed, Join, MemberEntry, Rejected
+from p2pdl.errors import (
+    ConfigError,
+    LocalProtocolError,
+    MatchmakingFailedError,
+    RemoteError,
+    StreamClosedError,
+)
+from p2pdl.nat import ReachabilityConfig
+from p2pdl.testing import loopback_config, open_nodes, wait_for_dht
+from p2pdl.wire._frames import FrameKind, frame_header
+
+pytestmark = pytest.mark.timeout(90)
+
+PEER_SCRIPT = pathlib.Path(__file__).with_name("mm_peer.py")
+
+
+def mm_config(config: NodeConfig | None = None, **fields) -> NodeConfig:
+    config = config or NodeConfig()
+    return dataclasses.replace(config, matchmaking=MatchmakingConfig(**fields))
+
+
+def info(node) -> GroupMemberInfo:
+    return GroupMemberInfo(node.peer_id, node.client_mode)
+
+
+def choose_run(infos, target, wanted, prefix="run") -> str:
+    """The first run id ``prefix-<n>`` whose plan of ``infos`` satisfies ``wanted(plan)``."""
+    for n in itertools.count():
+        run_id = f"{prefix}-{n}"
+        if wanted(plan_groups(run_id, 1, infos, target)):
+            return run_id
+    raise AssertionError("unreachable")
+
+
+async def form_all(nodes, run_id, epoch=1, **kwargs) -> dict[int, Group | Exception]:
+    results: dict[int, Group | Exception] = {}
+
+    async def one(i, node):
+        try:
+            results[i] = await node.matchmaking.form_group(run_id, epoch, **kwargs)
+        except MatchmakingFailedError as exc:
+            results[i] = exc
+
+    async with trio.open_nursery() as nursery:
+        for i, node in enumerate(nodes):
+            nursery.start_soon(one, i, node)
+    return results
+
+
+def groups_of(nodes, results) -> dict[bytes, Group]:
+    """Check that every member of each group holds the same group; return them by id."""
+    groups: dict[bytes, Group] = {}
+    for i, result in results.items():
+        if isinstance(result, Exception):
+            continue
+        assert nodes[i].peer_id in result.peer_ids
+        assert groups.setdefault(result.group_id, result) == result  # identical, in order
+    for group in groups.values():
+        assert group.group_id == compute_group_id(group.run_id, group.epoch, group.members)
+        assert not group.members[0].client_mode  # the leader accepts connections
+        members = {n.peer_id: i for i, n in enumerate(nodes)}
+        for peer_id in group.peer_ids:
+            if peer_id in members:  # every member it lists got this same group
+                assert results[members[peer_id]] == group
+    everyone = [p for g in groups.values() for p in g.peer_ids]
+    assert len(everyone) == len(set(everyone))  # nobody is in two groups
+    return groups
+
+
+@pytest.mark.slow
+async def test_sixteen_peers_with_target_eight_form_two_identical_groups():
+    # Sixteen nodes share this process's CPU: their DHT operations take seconds, and
+    # followers reach their leaders seconds apart.  A long join window keeps the
+    # test about the protocol, not the CPU (a leader finalizes once its plan joined).
+    config = mm_config(target_group_size=8, matchmaking_time=30, join_window=10)
+    async with open_nodes(16, config) as nodes:
+        await wait_for_dht(nodes)
+        start = trio.current_time()
+        results = await form_all(nodes, "sixteen", 3)
+        took = trio.current_time() - start
+        assert not [r for r in results.values() if isinstance(r, Exception)], results
+        groups = groups_of(nodes, results)
+        assert sorted(len(g) for g in groups.values()) == [8, 8]
+        assert {p for g in groups.values() for p in g.peer_ids} == {n.peer_id for n in nodes}
+        assert took < 30  # matchmaking_time
+        led = sum(n.matchmaking.statistics()["led"] for n in nodes)
+        assert led == 2
+        stats = nodes[0].statistics()["matchmaking"]
+        assert stats["rounds"] == 1 and stats["active_rounds"] == 0 and stats["held_joins"] == 0
+
+
+async def test_client_mode_peers_join_groups_and_never_lead():
+    config = mm_config(loopback_config(), target_group_size=4, matchmaking_time=10)
+    client_config = dataclasses.replace(config, nat=ReachabilityConfig(client_mode=True))
+    async with open_nodes(6, config) as servers, AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(p2pdl.open_node(NodeConfig.build(
+            client_config, initial_peers=servers[0].addrs[:1]))) for _ in range(4)]
+        await wait_for_dht(servers)
+        await wait_for_dht(clients, contacts=3)
+        nodes = servers + clients
+        assert [n.client_mode for n in nodes] == [False] * 6 + [True] * 4
+        # A run whose order puts a client first: it must still not lead.
+        run_id = choose_run([info(n) for n in nodes], 4,
+                            lambda plan: plan.ordered[0].client_mode, prefix="clients")
+        results = await form_all(nodes, run_id)
+        assert not [r for r in results.values() if isinstance(r, Exception)], results
+        groups = groups_of(nodes, results)
+        assert sorted(len(g) for g in groups.values()) == [3, 3, 4]
+        client_ids = {c.peer_id for c in clients}
+        for group in groups.values():
+            assert group.leader not in client_ids
+            for member in group.members:
+                assert member.client_mode == (member.peer_id in client_ids)
+        assert all(c.matchmaking.statistics()["led"] == 0 for c in clients)
+        # Nobody may ask a client to lead.
+        reply = await servers[0].call(clients[0].peer_id, MATCHMAKING_PROTOCOL,
+                                      Join(run_id, 1, 4, False, 5.0))
+        assert isinstance(reply, Rejected) and reply.code in ("not_leader", "unknown_run")
+
+
+async def read_json_line(stream, buffer: bytearray) -> dict:
+    while b"\n" not in buffer:
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            raise EOFError("the child process closed its output")
+        buffer.extend(chunk)
+    line, _, rest = bytes(buffer).partition(b"\n")
+    buffer[:] = rest
+    return json.loads(line)
+
+
+async def test_a_leader_killed_while_groups_form_leaves_the_others_to_form_groups():
+    target, mm_time, window = 4, 15.0, 3.0
+    config = mm_config(target_group_size=target, matchmaking_time=mm_time, join_window=window)
+    async with open_nodes(7, config) as nodes:
+        process = await trio.lowlevel.open_process(
+            [sys.executable, str(PEER_SCRIPT), nodes[0].addrs[0], str(target), str(mm_time),
+             str(window)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            buffer = bytearray()
+            with trio.fail_after(30):
+                child_id = (await read_json_line(process.stdout, buffer))["peer_id"]
+            await wait_for_dht(nodes)
+            child = next(p for p in nodes[0].connected_peers() if str(p) == child_id)
+            everyone = [info(n) for n in nodes] + [GroupMemberInfo(child)]
+            # A run in which the child leads a group: its followers must find another leader.
+            run_id = choose_run(everyone, target, lambda plan: child in plan.leaders, "kill")
+            followers = plan_groups(run_id, 1, everyone, target).group_of(child).members[1:]
+            await process.stdin.send_all(f"{run_id} 1\n".encode())
+            results: dict[int, Group | Exception] = {}
+
+            async def kill_once_announced():
+                while (await read_json_line(process.stdout, buffer)).get("event") != "announced":
+                    pass
+                process.send_signal(signal.SIGKILL)
+                await process.wait()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(kill_once_announced)
+
+                async def run_all():
+                    results.update(await form_all(nodes, run_id))
+                nursery.start_soon(run_all)
+            assert process.returncode == -signal.SIGKILL
+        finally:
+            if process.returncode is None:
+                process.kill()
+            with trio.move_on_after(10):
+                await process.wait()
+        assert not [r for r in results.values() if isinstance(r, Exception)], results
+        groups = groups_of(nodes, results)
+        assert all(child not in g.peer_ids for g in groups.values())
+        assert sorted(len(g) for g in groups.values()) == [3, 4]
+        # The dead leader's followers formed their group under the next peer in order.
+        orphans = {m.peer_id for m in followers}
+        assert any(set(g.peer_ids) == orphans for g in groups.values())
+
+
+async def test_a_planned_leader_that_is_not_matchmaking_is_skipped():
+    async with open_nodes(5, mm_config(target_group_size=8, matchmaking_time=10)) as nodes:
+        await wait_for_dht(nodes)
+        ghost, real = nodes[0], nodes[1:]
+        run_id = choose_run([info(n) for n in nodes], 8,
+                            lambda plan: plan.leaders == (ghost.peer_id,), "ghost")
+        assert await ghost.dht.announce(round_key(run_id, 1), ghost.dht.now() + 30)
+        start = trio.current_time()
+        results = await form_all(real, run_id)
+        groups = groups_of(real, results)
+        assert [set(g.peer_ids) for g in groups.values()] == [{n.peer_id for n in real}]
+        assert trio.current_time() - start < 8  # no waiting for the ghost's window
+        assert ghost.matchmaking.statistics()["joins_refused"] >= 3  # unknown_run
+
+
+async def test_a_late_arrival_joins_a_group_that_is_still_open():
+    config = mm_config(target_group_size=8, matchmaking_time=12, join_window=4)
+    async with open_nodes(5, config) as nodes:
+        await wait_for_dht(nodes)
+        early, ghost, late = nodes[:3], nodes[3], nodes[4]
+        # The ghost announced and vanished: the leader waits for it until its window ends,
+        # and the leader is the same in the early peers' view and in the late one's.
+        infos = [info(n) for n in nodes]
+        run_id = choose_run(infos, 8, lambda plan: plan.leaders[0] in {n.peer_id for n in early},
+                            "late")
+        assert await ghost.dht.announce(round_key(run_id, 1), ghost.dht.now() + 30)
+        results: dict[int, Group | Exception] = {}
+
+        async def late_one():
+            await trio.sleep(1.0)
+            results.update({3: await late.matchmaking.form_group(run_id, 1)})
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(late_one)
+            results.update(await form_all(early, run_id))
+        members = [*early, late]
+        groups = groups_of(members, results)
+        assert [set(g.peer_ids) for g in groups.values()] == [{n.peer_id for n in members}]
+
+
+async def test_a_late_arrival_after_the_groups_formed_fails_cleanly_and_in_time():
+    config = mm_config(target_group_size=8, matchmaking_time=6, join_window=2)
+    async with open_nodes(4, config) as nodes:
+        await wait_for_dht(nodes)
+        results = await form_all(nodes[:3], "after", 2)
+        groups = groups_of(nodes[:3], results)
+        assert len(groups) == 1 and len(next(iter(groups.values()))) == 3
+        start = trio.current_time()
+        with pytest.raises(MatchmakingFailedError, match="'after' epoch 2"):
+            await nodes[3].matchmaking.form_group("after", 2)
+        assert trio.current_time() - start < 6.5
+        # The others' groups are unchanged, and they refused at once.
+        refused = sum(n.matchmaking.statistics()["joins_refused"] for n in nodes[:3])
+        assert refused >= 1
+
+
+async def test_join_requests_are_answered_by_the_documented_codes():
+    config = mm_config(target_group_size=2, matchmaking_time=6, join_window=2)
+    async with open_nodes(2, config) as (leader, asker):
+        await wait_for_dht([leader, asker])
+
+        async def join(run_id="codes", epoch=1, target=2, wait=5.0):
+            return await asker.call(leader.peer_id, MATCHMAKING_PROTOCOL,
+                                    Join(run_id, epoch, target, False, wait))
+
+        assert (await join()).code == "unknown_run"
+        result = {}
+
+        async def lead():
+            result["group"] = await leader.matchmaking.form_group("codes", 1)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lead)
+            await trio.sleep(0.2)
+            assert (await join(epoch=2)).code == "wrong_epoch"
+            assert (await join(target=3)).code == "mismatch"
+            formed = await join()  # held while the leader gathers, then accepted
+        assert isinstance(formed, Formed)
+        group = result["group"]
+        assert formed.group_id == group.group_id
+        assert [MemberEntry(leader.peer_id.to_bytes(), False),
+                MemberEntry(asker.peer_id.to_bytes(), False)] == formed.members
+        assert (await join()).code == "finalized"  # the round is over
+        stats = leader.matchmaking.statistics()
+        assert stats["joins_accepted"] == 1 and stats["led"] == 1
+
+
+async def test_a_cancelled_leader_refuses_its_held_joiners():
+    config = mm_config(target_group_size=4, matchmaking_time=10, join_window=3)
+    async with open_nodes(2, config) as (leader, asker):
+        await wait_for_dht([leader, asker])
+        async with trio.open_nursery() as nursery:
+            # It leads, and waits for a third member until its window ends.
+            nursery.start_soon(functools.partial(leader.matchmaking.form_group, "cancel", 1,
+                                                 min_group_size=3))
+            await trio.sleep(1.0)
+            with trio.fail_after(5):
+                async with trio.open_nursery() as inner:
+                    async def ask():
+                        reply = await asker.call(leader.peer_id, MATCHMAKING_PROTOCOL,
+                                                 Join("cancel", 1, 4, False, 5.0))
+                        assert reply.code == "disbanded"
+                    inner.start_soon(ask)
+                    await trio.sleep(0.5)
+                    assert leader.matchmaking.statistics()["held_joins"] == 1
+                    nursery.cancel_scope.cancel()
+        assert leader.matchmaking.statistics()["held_joins"] == 0
+
+
+async def test_a_group_below_the_minimum_fails_for_every_member():
+    config = mm_config(target_group_size=8, min_group_size=4, matchmaking_time=4,
+                       join_window=1)
+    async with open_nodes(3, config) as nodes:
+        await wait_for_dht(nodes)
+        results = await form_all(nodes, "small")
+        assert all(isinstance(r, MatchmakingFailedError) for r in results.values()), results
+        # With a minimum of one, a lone peer forms a group of itself at once.
+        group = await nodes[0].matchmaking.form_group("solo", 1, min_group_size=1,
+                                                      target_group_size=1)
+        assert group.peer_ids == (nodes[0].peer_id,)
+
+
+async def test_forged_answers_are_refused_and_the_liar_keeps_serving():
+    config = mm_config(target_group_size=2, matchmaking_time=4, join_window=1)
+    async with open_nodes(2, config) as nodes:
+        await wait_for_dht(nodes)
+        run_id = choose_run([info(n) for n in nodes], 2,
+                            lambda plan: plan.leaders == (nodes[0].peer_id,), "forged")
+        liar, victim = nodes
+        honest = liar.matchmaking._answer
+        # The liar is in the round's view (so the victim asks it) and answers with lies.
+        assert await liar.dht.announce(round_key(run_id, 1), liar.dht.now() + 30)
+
+        async def lie(peer, request):
+            # A group that lists the victim, but whose id covers another list.
+            members = [MemberEntry(liar.peer_id.to_bytes(), False),
+                       MemberEntry(peer.to_bytes(), False)]
+            return Formed(b"\x01" * 32, members)
+
+        liar.matchmaking._answer = lie
+        with pytest.raises(MatchmakingFailedError, match="bad answer"):
+            await victim.matchmaking.form_group(run_id, 1)
+        assert victim.matchmaking.statistics()["bad_answers"] == 1
+        # The liar's node still serves: honest again, the next round forms.
+        liar.matchmaking._answer = honest
+        results = await form_all(nodes, run_id, epoch=2)
+        assert len(groups_of(nodes, results)) == 1
+        assert not [r for r in results.values() if isinstance(r, Exception)]
+
+
+async def test_malformed_join_requests_reset_only_their_stream():
+    async with open_nodes(3, mm_config(target_group_size=2, matchmaking_time=6)) as nodes:
+        await wait_for_dht(nodes)
+        server, attacker, honest = nodes
+
+        async def raw(payload: bytes) -> None:
+            net_stream = await attacker.host.new_stream(server.peer_id,
+                                                        MATCHMAKING_PROTOCOL.protocol_id)
+            await net_stream.write(payload)
+            with trio.fail_after(10):  # the server resets the stream
+                try:
+                    while await net_stream.read(65536):
+                        pass
+                except Exception:  # reset or EOF: the stream is gone
+                    pass
+
+        await raw(b"\x07not a frame")
+        bad_types = msgpack.packb(["mm.join", 1, {"run_id": 5, "epoch": 1,
+                                                  "target_group_size": 2,
+                                                  "client_mode": False, "wait": 1.0}])
+        await raw(frame_header(FrameKind.MESSAGE, len(bad_types)) + bad_types)
+        negative = msgpack.packb(["mm.join", 1, {"run_id": "r", "epoch": -1,
+                                                 "target_group_size": 2,
+                                                 "client_mode": False, "wait": 1.0}])
+        await raw(frame_header(FrameKind.MESSAGE, len(negative)) + negative)
+        with pytest.raises((StreamClosedError, RemoteError)):
+            await attacker.call(server.peer_id, MATCHMAKING_PROTOCOL, Join("", 1, 2, False, 1.0))
+        # The server keeps serving everyone, the attacker included.
+        results = await form_all([server, honest], "after-attack")
+        assert len(groups_of([server, honest], results)) == 1
+        reply = await attacker.call(server.peer_id, MATCHMAKING_PROTOCOL,
+                                    Join("after-attack", 1, 2, False, 1.0))
+        assert reply.code in ("finalized", "not_leader")
+
+
+async def test_bad_arguments_are_clear_errors():
+    async with open_nodes(1) as (node,):
+        form = node.matchmaking.form_group
+        for args, kwargs, match in [
+                (("", 1), {}, "run_id"), ((7, 1), {}, "run_id"), (("r", -1), {}, "epoch"),
+                (("r", 1.5), {}, "epoch"), (("r", 1), {"target_group_size": 0}, "target"),
+                (("r", 1), {"min_group_size": 0}, "min_group_size"),
+                (("r", 1), {"target_group_size": 2, "min_group_size": 3}, "min_group_size"),
+                (("r", 1), {"matchmaking_time": 0}, "matchmaking_time"),
+                (("r", 1), {"matchmaking_time": float("inf")}, "matchmaking_time")]:
+            with pytest.raises(ConfigError, match=match):
+                await form(*args, **kwargs)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(form, "twice", 1)
+            await trio.sleep(0.1)
+            with pytest.raises(LocalProtocolError, match="already forms a group"):
+                await form("twice", 1)
+            nursery.cancel_scope.cancel()
+        assert node.matchmaking.statistics()["active_rounds"] == 0
+
+
+def test_effective_waits_follow_matchmaking_time_and_stay_below_the_wire_limit():
+    from p2pdl.averaging._mm_service import JOIN_SLACK, _Params
+
+    default = _Params(MatchmakingConfig(), 16, 2, 15.0, max_hold=59.0)
+    assert (default.gather_time, default.join_window, default.join_wait) == (0.5, 4.0, 5.5)
+    short = _Params(MatchmakingConfig(), 16, 2, 3.0, max_hold=59.0)
+    assert short.gather_time == pytest.approx(0.3) and short.join_window == pytest.approx(1.0)
+    long = _Params(MatchmakingConfig(matchmaking_time=600, join_window=300, gather_time=1),
+                   16, 2, 600.0, max_hold=59.0)
+    assert long.join_window == pytest.approx(59.0 - 1.0 - JOIN_SLACK)
+    assert long.join_wait <= 59.0

@@ -1,0 +1,425 @@
+"""Matchmaking logic without a network: the plan, a leader, a round, answers."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import random
+
+import msgpack
+import pytest
+from libp2p.peer.id import ID
+
+from p2pdl.averaging import (
+    GROUP_ID_DOMAIN,
+    ORDER_DOMAIN,
+    GroupMemberInfo,
+    LeaderState,
+    MatchmakingConfig,
+    MatchmakingRound,
+    compute_group_id,
+    next_leader,
+    order_key,
+    plan_groups,
+)
+from p2pdl.averaging._matchmaking import (
+    ACCEPTED,
+    HOLD,
+    Phase,
+    Refusal,
+    check_run,
+    expected_members,
+    group_from_formed,
+    make_group,
+)
+from p2pdl.errors import ConfigError, RemoteProtocolError
+
+pytestmark = pytest.mark.timeout(60)
+
+RUN, EPOCH = "run-a", 7
+
+
+def peer(i: int) -> ID:
+    """A valid (identity-multihash-shaped) peer id, distinct for each i."""
+    return ID(b"\x00\x24" + hashlib.sha256(str(i).encode()).digest() + b"\x00\x00\x00\x00")
+
+
+def members(n: int, clients: set[int] = frozenset()) -> list[GroupMemberInfo]:
+    return [GroupMemberInfo(peer(i), i in clients) for i in range(n)]
+
+
+def key(p: ID) -> bytes:
+    return order_key(RUN, EPOCH, p)
+
+
+# -- the order and the group id ----------------------------------------------------------
+
+
+def test_order_key_and_group_id_are_the_documented_hashes():
+    p = peer(1)
+    assert order_key(RUN, EPOCH, p) == hashlib.sha256(
+        msgpack.packb([ORDER_DOMAIN, RUN, EPOCH, p.to_bytes()], use_bin_type=True)).digest()
+    group = [GroupMemberInfo(peer(1)), GroupMemberInfo(peer(2), True)]
+    assert compute_group_id(RUN, EPOCH, group) == hashlib.sha256(msgpack.packb(
+        [GROUP_ID_DOMAIN, RUN, EPOCH, [[peer(1).to_bytes(), False], [peer(2).to_bytes(), True]]],
+        use_bin_type=True)).digest()
+    # Any change of run, epoch, order or client mode changes the id.
+    ids = {compute_group_id(RUN, EPOCH, group), compute_group_id("run-b", EPOCH, group),
+           compute_group_id(RUN, EPOCH + 1, group), compute_group_id(RUN, EPOCH, group[::-1]),
+           compute_group_id(RUN, EPOCH, [group[0], GroupMemberInfo(peer(2))])}
+    assert len(ids) == 5
+    assert order_key(RUN, EPOCH, p) != order_key(RUN, EPOCH + 1, p)
+
+
+# -- the plan ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n,target", [(1, 8), (2, 8), (7, 8), (8, 8), (9, 8), (16, 8), (17, 8),
+                                      (100, 16), (31, 4), (5, 1), (256, 256)])
+def test_plans_are_balanced_bounded_and_cover_everyone(n, target):
+    view = members(n)
+    plan = plan_groups(RUN, EPOCH, view, target)
+    assert len(plan.groups) == math.ceil(n / target)
+    sizes = [len(g.members) for g in plan.groups]
+    assert max(sizes) - min(sizes) <= 1 and max(sizes) <= target
+    everyone = [m.peer_id for g in plan.groups for m in g.members]
+    assert sorted(everyone, key=key) == sorted((m.peer_id for m in view), key=key)
+    assert plan.left_out == ()
+    for group in plan.groups:  # leader first, then the rest in order
+        rest = [key(m.peer_id) for m in group.members[1:]]
+        assert rest == sorted(rest)
+    # Leaders are the first peers in order (all non-clients here).
+    ordered = sorted((m.peer_id for m in view), key=key)
+    assert list(plan.leaders) == ordered[:len(plan.groups)]
+
+
+def test_sixteen_peers_with_target_eight_make_two_groups_of_eight():
+    plan = plan_groups(RUN, EPOCH, members(16), 8)
+    assert [len(g.members) for g in plan.groups] == [8, 8]
+
+
+def test_the_plan_does_not_depend_on_the_order_of_the_view_or_duplicates():
+    view = members(20, clients={3, 5})
+    plans = set()
+    for seed in range(5):
+        shuffled = view + view[:4]
+        random.Random(seed).shuffle(shuffled)
+        plans.add(plan_groups(RUN, EPOCH, shuffled, 6))
+    assert len(plans) == 1
+    # A peer seen once as a client counts as a client.
+    twice = members(4) + [GroupMemberInfo(peer(0), True)]
+    plan = plan_groups(RUN, EPOCH, twice, 8)
+    assert GroupMemberInfo(peer(0), True) in plan.groups[0].members
+    assert plan.groups[0].members[0].peer_id != peer(0)
+
+
+def test_client_mode_peers_never_lead_and_are_still_placed():
+    clients = set(range(0, 20, 2))
+    view = members(20, clients)
+    plan = plan_groups(RUN, EPOCH, view, 5)
+    assert len(plan.groups) == 4
+    assert all(not g.members[0].client_mode for g in plan.groups)
+    placed = {m.peer_id for g in plan.groups for m in g.members}
+    assert placed == {m.peer_id for m in view}
+    # Whatever the order says: the first non-clients lead.
+    non_clients = sorted((m.peer_id for m in view if not m.client_mode), key=key)
+    assert list(plan.leaders) == non_clients[:4]
+
+
+def test_too_few_non_clients_leave_peers_out_and_none_means_no_groups():
+    plan = plan_groups(RUN, EPOCH, members(10, clients=set(range(1, 10))), 4)
+    assert len(plan.groups) == 1 and len(plan.groups[0].members) == 4
+    assert len(plan.left_out) == 6 and all(m.client_mode for m in plan.left_out)
+    nobody = plan_groups(RUN, EPOCH, members(5, clients=set(range(5))), 4)
+    assert nobody.groups == () and len(nobody.left_out) == 5
+    me = GroupMemberInfo(peer(0), True)
+    assert next_leader(nobody, me, set()) is None
+
+
+def test_views_that_lack_one_peer_mostly_agree():
+    """Contiguous dealing: a view without one peer moves few peers to another leader."""
+    full = members(32)
+    plan = plan_groups(RUN, EPOCH, full, 8)
+    moved = []
+    for missing in range(32):
+        view = [m for m in full if m.peer_id != peer(missing)]
+        other = plan_groups(RUN, EPOCH, view, 8)
+        assert other.leaders == plan.leaders or peer(missing) in plan.leaders
+        if peer(missing) in plan.leaders:
+            continue
+        moved.append(sum(1 for m in view
+                         if plan.group_of(m.peer_id).leader != other.group_of(m.peer_id).leader))
+    assert max(moved) <= 3  # at most g - 1 boundary peers move (g = 4 groups)
+
+
+def test_plan_rejects_a_bad_target():
+    with pytest.raises(ValueError):
+        plan_groups(RUN, EPOCH, members(3), 0)
+
+
+# -- whom to join next -------------------------------------------------------------------
+
+
+def test_followers_of_a_failed_leader_agree_on_the_next_one():
+    view = members(12)
+    plan = plan_groups(RUN, EPOCH, view, 6)
+    group = plan.groups[0]
+    leader, promoted = group.members[0].peer_id, group.members[1].peer_id
+    for m in group.members[1:]:
+        assert next_leader(plan, m, set()) == leader
+        assert next_leader(plan, m, {leader}) == promoted  # the same for all of them
+    # The promoted one leads its planned group, less the failed leader.
+    assert expected_members(plan, promoted, {leader}) == \
+        {m.peer_id for m in group.members} - {leader}
+    # A client never becomes the effective leader: the next non-client does.
+    clients_first = GroupMemberInfo(group.members[1].peer_id, True)
+    view2 = [clients_first if m.peer_id == clients_first.peer_id else m for m in view]
+    plan2 = plan_groups(RUN, EPOCH, view2, 6)
+    g2 = plan2.group_of(leader)
+    firsts = [m.peer_id for m in g2.members[1:] if not m.client_mode]
+    assert next_leader(plan2, clients_first, {leader}) == firsts[0]
+
+
+def test_closed_groups_send_a_peer_to_other_groups_then_to_the_leftovers_leader():
+    view = members(12)
+    plan = plan_groups(RUN, EPOCH, view, 6)
+    first, second = plan.groups
+    me = first.members[3]
+    # My group is full without me: ask the other group's leader.
+    assert next_leader(plan, me, {first.leader}, {first.leader}) == second.leader
+    # Both closed: the first non-client in order that has not refused me (here the
+    # first follower of the first group), and every leftover computes the same.
+    excluded = {first.leader, second.leader}
+    closed = {first.leader, second.leader}
+    target = next_leader(plan, me, excluded, closed)
+    ordered = [m.peer_id for m in plan.ordered if m.peer_id not in excluded]
+    assert target == ordered[0]
+    assert next_leader(plan, second.members[2], excluded, closed) == target
+    # Leading leftovers expects nobody in particular.
+    assert expected_members(plan, target, excluded, closed) is None
+    # When everyone refused, a non-client leads itself last; a client finds nobody.
+    everyone_else = {m.peer_id for m in view} - {me.peer_id}
+    assert next_leader(plan, me, everyone_else, closed) == me.peer_id
+    assert next_leader(plan, me, everyone_else | {me.peer_id}, closed) is None
+
+
+# -- a leader ----------------------------------------------------------------------------
+
+
+def leader_state(target=4, min_size=2, expected=None, finalize_at=10.0):
+    return LeaderState(RUN, EPOCH, GroupMemberInfo(peer(0)), target, min_size, expected,
+                       finalize_at)
+
+
+def test_a_leader_accepts_first_come_up_to_the_target_and_refuses_the_rest():
+    state = leader_state(target=3)
+    assert state.offer(peer(1), False, 3, 5.0, now=0.0) is ACCEPTED
+    assert state.offer(peer(2), True, 3, 5.0, now=0.1) is ACCEPTED
+    assert state.ready(0.2)  # full
+    refusal = state.offer(peer(3), False, 3, 5.0, now=0.2)
+    assert isinstance(refusal, Refusal) and refusal.code == "full"
+    # A repeated request takes no second place.
+    assert state.offer(peer(2), True, 3, 6.0, now=0.3) is ACCEPTED and state.size == 3
+    group = state.finalize(0.4)
+    assert group.peer_ids[0] == peer(0)
+    assert set(group.peer_ids) == {peer(0), peer(1), peer(2)}
+    assert group.members[group.index_of(peer(2))].client_mode is True
+    assert group.group_id == compute_group_id(RUN, EPOCH, group.members)
+    assert state.outcome(peer(1)) == group
+    assert state.offer(peer(3), False, 3, 5.0, now=0.5).code == "finalized"
+    with pytest.raises(ValueError):
+        group.index_of(peer(9))
+
+
+def test_a_leader_finalizes_when_its_plan_joined_or_at_its_deadline():
+    state = leader_state(target=8, expected={peer(1), peer(2)}, finalize_at=10.0)
+    assert not state.ready(0.0)
+    state.offer(peer(1), False, 8, 20.0, now=0.1)
+    assert not state.ready(0.1)
+    state.offer(peer(5), False, 8, 20.0, now=0.2)  # not planned: welcome all the same
+    assert not state.ready(0.2)
+    state.offer(peer(2), False, 8, 20.0, now=0.3)
+    assert state.ready(0.3)
+    # A plan that gives a leader too few members: it waits for others until its deadline.
+    alone = leader_state(target=8, min_size=2, expected=set(), finalize_at=10.0)
+    assert not alone.ready(0.0)
+    alone.offer(peer(4), False, 8, 20.0, now=0.1)
+    assert alone.ready(0.1)
+    # Leading leftovers (no expectations): only full or the deadline end it.
+    leftovers = leader_state(target=8, expected=None, finalize_at=10.0)
+    leftovers.offer(peer(1), False, 8, 20.0, now=0.1)
+    assert not leftovers.ready(9.9) and leftovers.ready(10.0)
+
+
+def test_finalizing_drops_joiners_that_stopped_waiting_or_disconnected():
+    state = leader_state(target=8, min_size=2)
+    state.offer(peer(1), False, 8, wait_until=5.0, now=0.0)
+    state.offer(peer(2), False, 8, wait_until=20.0, now=0.0)
+    state.offer(peer(3), False, 8, wait_until=20.0, now=0.0)
+    group = state.finalize(6.0, alive=lambda p: p != peer(3))
+    assert set(group.peer_ids) == {peer(0), peer(2)}
+    assert state.outcome(peer(1)).code == "expired"
+    assert state.outcome(peer(3)).code == "expired"
+    assert state.outcome(peer(2)) == group
+
+
+def test_a_full_leader_makes_room_for_a_new_joiner_when_an_old_one_stopped_waiting():
+    state = leader_state(target=2)
+    state.offer(peer(1), False, 2, wait_until=1.0, now=0.0)
+    assert state.offer(peer(2), False, 2, 9.0, now=0.5).code == "full"
+    assert state.offer(peer(2), False, 2, 9.0, now=1.5) is ACCEPTED
+    assert state.finalize(2.0).peer_ids[1] == peer(2)
+
+
+def test_a_group_below_the_minimum_is_disbanded_and_its_joiners_told():
+    state = leader_state(target=8, min_size=3)
+    state.offer(peer(1), False, 8, 20.0, now=0.0)
+    assert state.finalize(1.0) is None
+    assert state.status == "disbanded"
+    assert state.outcome(peer(1)).code == "disbanded"
+    assert state.offer(peer(2), False, 8, 20.0, now=1.1).code == "disbanded"
+
+
+def test_a_leader_refuses_a_mismatched_size_and_itself():
+    state = leader_state(target=4)
+    assert state.offer(peer(1), False, 5, 9.0, now=0.0).code == "mismatch"
+    assert state.offer(peer(0), False, 4, 9.0, now=0.0).code == "not_leader"
+    with pytest.raises(ValueError):
+        LeaderState(RUN, EPOCH, GroupMemberInfo(peer(0), True), 4, 2, None, 1.0)
+
+
+# -- a round -----------------------------------------------------------------------------
+
+
+def test_a_round_holds_joins_until_its_role_is_known():
+    round_ = MatchmakingRound(RUN, EPOCH, GroupMemberInfo(peer(0)), 4, 2)
+    assert round_.on_join(peer(1), False, 4, 9.0, 0.0) is HOLD
+    round_.follow()
+    assert round_.phase is Phase.JOINING
+    assert round_.on_join(peer(1), False, 4, 9.0, 0.0) is HOLD  # it may be promoted yet
+    version = round_.version
+    state = round_.lead({peer(1)}, finalize_at=5.0)
+    assert round_.version > version
+    assert round_.on_join(peer(1), False, 4, 9.0, 0.1) is ACCEPTED
+    assert round_.outcome(peer(1)) is None
+    group = state.finalize(0.2)
+    round_.finish(group)
+    assert round_.outcome(peer(1)) == group
+    assert round_.on_join(peer(2), False, 4, 9.0, 0.3).code == "finalized"
+    assert round_.closed_code() == "finalized"
+
+
+def test_a_round_that_gave_up_leading_refuses_and_tells_its_joiners():
+    round_ = MatchmakingRound(RUN, EPOCH, GroupMemberInfo(peer(0)), 4, 3)
+    round_.lead(None, finalize_at=1.0)
+    assert round_.on_join(peer(1), False, 4, 9.0, 0.0) is ACCEPTED
+    assert round_.leader.finalize(1.0) is None  # 2 < 3
+    round_.give_up_leading("too small")
+    assert round_.phase is Phase.JOINING
+    assert round_.outcome(peer(1)).code == "disbanded"
+    assert round_.on_join(peer(2), False, 4, 9.0, 1.1).code == "not_leader"
+    with pytest.raises(RuntimeError):
+        round_.lead(None, 2.0)  # one leadership per round
+    round_.finish(None)
+    assert round_.on_join(peer(2), False, 4, 9.0, 1.2).code == "not_leader"
+
+
+def test_a_follower_or_client_round_refuses_joins():
+    client = MatchmakingRound(RUN, EPOCH, GroupMemberInfo(peer(0), True), 4, 2)
+    assert client.on_join(peer(1), False, 4, 9.0, 0.0).code == "not_leader"
+    follower = MatchmakingRound(RUN, EPOCH, GroupMemberInfo(peer(0)), 4, 2)
+    follower.follow()
+    follower.finish(make_group(RUN, EPOCH, GroupMemberInfo(peer(5)), [GroupMemberInfo(peer(0))]))
+    assert follower.on_join(peer(1), False, 4, 9.0, 0.0).code == "not_leader"
+    # A cancelled leader disbands: its held joiners are refused.
+    leader = MatchmakingRound(RUN, EPOCH, GroupMemberInfo(peer(0)), 4, 2)
+    leader.lead(None, 5.0)
+    leader.on_join(peer(1), False, 4, 9.0, 0.0)
+    leader.finish(None, "cancelled")
+    assert leader.outcome(peer(1)) == Refusal("disbanded", "cancelled")
+
+
+def test_two_followers_and_a_leader_wired_back_to_back_agree():
+    """Three rounds exchange joins through plain calls: the same group for all."""
+    view = members(3)
+    plan = plan_groups(RUN, EPOCH, view, 4)
+    rounds = {m.peer_id: MatchmakingRound(RUN, EPOCH, m, 4, 2) for m in view}
+    leader = plan.groups[0].leader
+    state = rounds[leader].lead(expected_members(plan, leader, set()), finalize_at=5.0)
+    answers = {}
+    for m in view:
+        if m.peer_id == leader:
+            continue
+        target = next_leader(plan, m, set())
+        assert target == leader
+        assert rounds[target].on_join(m.peer_id, m.client_mode, 4, 9.0, 0.1) is ACCEPTED
+    assert state.ready(0.2)
+    group = state.finalize(0.2)
+    for m in view:
+        if m.peer_id != leader:
+            outcome = rounds[leader].outcome(m.peer_id)
+            entries = [(x.peer_id.to_bytes(), x.client_mode) for x in outcome.members]
+            answers[m.peer_id] = group_from_formed(RUN, EPOCH, leader, m, 4, outcome.group_id,
+                                                   entries)
+    assert set(answers.values()) == {group}
+
+
+# -- checking a leader's answer ----------------------------------------------------------
+
+
+def test_a_follower_accepts_only_a_consistent_answer():
+    leader, me = GroupMemberInfo(peer(0)), GroupMemberInfo(peer(1), True)
+    group = make_group(RUN, EPOCH, leader, [me, GroupMemberInfo(peer(2))])
+    entries = [(m.peer_id.to_bytes(), m.client_mode) for m in group.members]
+
+    def check(entries=entries, group_id=group.group_id, target=4, who=me, lead=peer(0)):
+        return group_from_formed(RUN, EPOCH, lead, who, target, group_id, entries)
+
+    assert check() == group
+    bad = {
+        "group id": dict(group_id=b"\0" * 32),
+        "not listed": dict(who=GroupMemberInfo(peer(7))),
+        "client mode": dict(who=GroupMemberInfo(peer(1), False)),
+        "too many": dict(target=2),
+        "not the leader": dict(lead=peer(2)),
+        "twice": dict(entries=entries + [entries[1]]),
+        "order": dict(entries=[entries[0], entries[2], entries[1]]),
+        "leader client": dict(entries=[(entries[0][0], True), *entries[1:]]),
+        "bad id": dict(entries=[entries[0], (b"\xff\xff", False)]),
+        "empty": dict(entries=[]),
+    }
+    for name, changes in bad.items():
+        with pytest.raises(RemoteProtocolError):
+            check(**changes)
+        assert name  # each case is its own
+
+
+def test_run_ids_and_epochs_are_checked():
+    assert check_run("r", 0) is None
+    for run_id, epoch in [("", 0), ("r", -1), ("r", 2**53 + 1), (7, 0), ("r", True),
+                          ("é" * 65, 0)]:
+        assert check_run(run_id, epoch)
+
+
+def test_config_rejects_bad_values_with_clear_messages():
+    MatchmakingConfig()
+    for fields in [dict(target_group_size=0), dict(target_group_size=257),
+                   dict(min_group_size=0), dict(min_group_size=17), dict(matchmaking_time=0),
+                   dict(matchmaking_time=float("nan")), dict(gather_time=-1),
+                   dict(join_window=0), dict(max_join_attempts=0), dict(max_rounds=0),
+                   dict(target_group_size=True)]:
+        with pytest.raises(ConfigError, match="MatchmakingConfig"):
+            MatchmakingConfig(**fields)
+
+
+def test_many_random_views_never_put_a_peer_in_two_groups():
+    rng = random.Random(5)
+    for n, target in itertools.product((1, 3, 17, 40), (1, 2, 5, 16)):
+        clients = {i for i in range(n) if rng.random() < 0.3}
+        plan = plan_groups(RUN, EPOCH, members(n, clients), target)
+        seen = [m.peer_id for g in plan.groups for m in g.members] + \
+            [m.peer_id for m in plan.left_out]
+        assert len(seen) == len(set(seen)) == n
+        assert all(len(g.members) <= target and not g.members[0].client_mode
+                   for g in plan.groups)

@@ -1,0 +1,238 @@
+"""The progress logic without a network: the global view, the publish policy, the rate."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from p2pdl.errors import ConfigError
+from p2pdl.progress import PeerReport, ProgressConfig, ProgressView, PublishPolicy, RateEMA, Verdict
+
+ME = b"me"
+T = 1_000_000.0
+
+
+def report(peer: bytes, samples: int, sps: float = 0.0, time: float = T, epoch: int = 0,
+           client: bool = False, aux: bool = False) -> PeerReport:
+    return PeerReport(peer, epoch, samples, sps, time, client, aux)
+
+
+def view(target: int = 1000, **config) -> ProgressView:
+    return ProgressView(ME, target, ProgressConfig(**config))
+
+
+def test_counts_are_summed_and_extrapolated_by_rate():
+    v = view()
+    v.set_local(report(ME, 100, 10.0, T))
+    assert v.offer(report(b"a", 200, 20.0, T), T, live=True) is Verdict.ACCEPTED
+    assert v.offer(report(b"b", 50, 0.0, T), T, live=True) is Verdict.ACCEPTED
+    g = v.global_progress(T + 2)
+    assert g.samples_accumulated == 350          # reported: facts only
+    assert g.estimated_samples == pytest.approx(350 + 2 * 20)  # not the local peer's
+    assert g.num_peers == 3 and g.samples_per_second == 30.0
+
+
+def test_local_count_is_a_fact_not_extrapolated():
+    v = view()
+    v.set_local(report(ME, 100, 10.0, T))
+    g = v.global_progress(T + 3)
+    assert g.estimated_samples == 100 and g.eta_next_epoch == pytest.approx(T + 3 + 90)
+
+
+def test_eta_is_remaining_over_total_rate():
+    v = view(target=1000)
+    v.set_local(report(ME, 300, 50.0, T))
+    v.offer(report(b"a", 200, 50.0, T), T, live=True)
+    g = v.global_progress(T)
+    assert g.eta_next_epoch == pytest.approx(T + 500 / 100)
+    assert not g.ready_to_step
+    # No new facts: the estimate crosses the target at T+10 (the local count
+    # is a fact and stays at 300; peer a is extrapolated at 50/s), and the
+    # ETA alone makes the peer ready only eta_grace after that.
+    assert v.global_progress(T + 9).eta_next_epoch == pytest.approx(T + 9.5)
+    assert v.global_progress(T + 10.3).eta_next_epoch == pytest.approx(T + 10)
+    assert not v.global_progress(T + 10.4).ready_to_step
+    assert v.global_progress(T + 10.6).ready_to_step
+
+
+def test_no_rate_means_no_eta():
+    v = view()
+    v.set_local(report(ME, 10, 0.0, T))
+    g = v.global_progress(T + 100)
+    assert g.eta_next_epoch == math.inf and not g.ready_to_step
+
+
+def test_ready_when_reported_count_reaches_target():
+    v = view(target=1000)
+    v.set_local(report(ME, 400, 0.0, T))
+    v.offer(report(b"a", 599, 0.0, T), T, live=True)
+    assert not v.global_progress(T).ready_to_step
+    v.offer(report(b"a", 600, 0.0, T + 0.1), T + 0.1, live=True)
+    assert v.global_progress(T + 0.1).ready_to_step
+
+
+def test_silent_peers_expire():
+    v = view(report_ttl=15.0)
+    v.set_local(report(ME, 0, 0.0, T))
+    v.offer(report(b"a", 500, 1.0, T), T, live=True)
+    assert v.global_progress(T + 14).num_peers == 2
+    g = v.global_progress(T + 16)
+    assert g.num_peers == 1 and g.samples_accumulated == 0
+    assert v.expire(T + 16) == [b"a"] and len(v) == 0
+
+
+def test_global_epoch_is_the_highest_epoch_of_non_client_peers():
+    v = view(target=1000)
+    v.set_local(report(ME, 100, 10.0, T, epoch=3))
+    v.offer(report(b"client", 50, 10.0, T, epoch=9, client=True), T, live=True)
+    g = v.global_progress(T)
+    assert g.epoch == 3 and not g.ready_to_step and g.num_clients == 1
+    v.offer(report(b"a", 20, 10.0, T, epoch=4), T, live=True)
+    g = v.global_progress(T)
+    # A newer epoch exists: ready at once; only peers at epoch 4 count.
+    assert g.epoch == 4 and g.ready_to_step and g.samples_accumulated == 20
+    # ... but every live peer's rate counts towards the ETA.
+    assert g.samples_per_second == 30.0
+
+
+def test_peers_behind_do_not_count_towards_the_target():
+    v = view(target=100)
+    v.set_local(report(ME, 10, 0.0, T, epoch=5))
+    v.offer(report(b"old", 1000, 0.0, T, epoch=4), T, live=True)
+    g = v.global_progress(T)
+    assert g.epoch == 5 and g.samples_accumulated == 10 and not g.ready_to_step
+
+
+@pytest.mark.parametrize("skew", [-2.0, 2.0])
+def test_clock_skew_of_two_seconds_is_absorbed(skew):
+    """A peer whose clock is ``skew`` s off: its live reports teach the offset."""
+    v = view(target=10_000)
+    v.set_local(report(ME, 0, 0.0, T))
+    # The peer's clock reads T + skew when ours reads T.
+    assert v.offer(report(b"a", 100, 10.0, T + skew), T, live=True) is Verdict.ACCEPTED
+    assert v.global_progress(T + 1).estimated_samples == pytest.approx(110, abs=0.5)
+    # A later report of it, relayed (not live), is placed by the learned offset.
+    assert v.offer(report(b"a", 200, 10.0, T + 5 + skew), T + 8, live=False) is Verdict.ACCEPTED
+    assert v.global_progress(T + 8).estimated_samples == pytest.approx(230, abs=0.5)
+
+
+def test_unknown_offset_never_places_a_report_after_its_arrival():
+    v = view(target=10_000)
+    v.set_local(report(ME, 0, 0.0, T))
+    v.offer(report(b"a", 100, 10.0, T + 2), T, live=False)  # clock 2 s ahead, offset unknown
+    assert v.global_progress(T + 1).estimated_samples == pytest.approx(110)
+
+
+def test_absurd_reports_are_refused():
+    v = view(max_samples_per_second=1e6, max_clock_skew=10.0)
+    cases = [report(b"a", -1), report(b"a", 1, -5.0), report(b"a", 1, 2e6),
+             report(b"a", 1, math.nan), report(b"a", 1, time=T + 60), report(b"a", 5, aux=True),
+             report(b"a", 1, epoch=-1), report(b"a", 2**60)]
+    for bad in cases:
+        assert v.offer(bad, T) is Verdict.ABSURD, bad
+    assert len(v) == 0
+    assert v.offer(report(b"a", 1, time=T + 9), T) is Verdict.ACCEPTED  # within the skew
+
+
+def test_older_and_own_reports_are_ignored():
+    v = view()
+    assert v.offer(report(b"a", 10, time=T + 1), T + 1) is Verdict.ACCEPTED
+    assert v.offer(report(b"a", 20, time=T), T + 1) is Verdict.STALE
+    assert v.offer(report(b"a", 10, time=T + 1), T + 1) is Verdict.STALE
+    assert v.offer(report(b"a", 0, time=T, epoch=1), T + 1) is Verdict.ACCEPTED  # new epoch
+    assert v.offer(report(ME, 10), T) is Verdict.SELF
+    assert v.offer(report(b"b", 1, time=T - 100), T) is Verdict.STALE  # older than report_ttl
+
+
+def test_view_is_bounded():
+    v = view(max_peers=4)
+    for i in range(3):
+        assert v.offer(report(bytes([i]), 1), T) is Verdict.ACCEPTED
+    assert v.offer(report(b"x", 1), T) is Verdict.FULL
+    # Expired peers make room.
+    assert v.offer(report(b"x", 1, time=T + 20), T + 20) is Verdict.ACCEPTED
+
+
+@given(st.lists(st.tuples(st.integers(0, 10_000), st.floats(0, 1000), st.floats(0, 9)),
+                min_size=1, max_size=20), st.floats(0, 5))
+def test_estimate_is_never_below_the_reported_count(peers, later):
+    v = view(target=10**6)
+    v.set_local(report(ME, 0, 0.0, T))
+    for i, (samples, sps, age) in enumerate(peers):
+        v.offer(report(i.to_bytes(2, "big"), samples, sps, T - age), T, live=False)
+    g = v.global_progress(T + later)
+    assert g.estimated_samples >= g.samples_accumulated
+    assert g.samples_accumulated == sum(s for s, _, _ in peers)
+
+
+def test_rate_ema_follows_a_steady_rate():
+    ema = RateEMA(half_life=5.0)
+    now = T
+    ema.update(0, now)
+    for _ in range(40):
+        now += 0.5
+        ema.update(32, now)
+    assert ema.rate == pytest.approx(64, rel=0.01) and ema.batch == pytest.approx(32, rel=0.01)
+
+
+class TestPublishPolicy:
+    config = ProgressConfig(heartbeat_interval=5.0, min_publish_interval=0.05,
+                            drift_fraction=0.01, drift_batches=1.5, endgame_time=1.0)
+
+    def progress(self, eta: float = T + 100, peers: int = 4, target: int = 4096):
+        v = ProgressView(ME, target, self.config)
+        g = v.global_progress(T)
+        import dataclasses
+        return dataclasses.replace(g, eta_next_epoch=eta, num_peers=peers)
+
+    def test_first_report_and_new_epoch_go_out_at_once(self):
+        p = PublishPolicy(self.config)
+        local = report(ME, 0, 0.0, T)
+        assert p.next_publish(local, self.progress(), 0.0, T) <= T
+        p.published(local, T)
+        assert p.next_publish(report(ME, 0, 0.0, T + 1, epoch=1), self.progress(), 0, T + 1) \
+            <= T + 1
+
+    def test_a_correct_prediction_waits_for_the_heartbeat(self):
+        p = PublishPolicy(self.config)
+        p.published(report(ME, 100, 10.0, T), T)
+        # At T+2 the count is 120, as predicted: nothing to say before the heartbeat.
+        due = p.next_publish(report(ME, 120, 10.0, T + 2), self.progress(), 10.0, T + 2)
+        assert T + 2 < due <= T + 5.0
+
+    def test_drift_beyond_tolerance_publishes(self):
+        p = PublishPolicy(self.config)
+        p.published(report(ME, 100, 10.0, T), T)
+        # The peer sped up: 200 instead of the predicted 120 (tolerance ~15).
+        assert p.next_publish(report(ME, 200, 10.0, T + 2), self.progress(), 10.0, T + 2) \
+            <= T + 2
+
+    def test_a_stalled_peer_publishes_when_the_prediction_outruns_it(self):
+        p = PublishPolicy(self.config)
+        p.published(report(ME, 100, 10.0, T), T)
+        due = p.next_publish(report(ME, 100, 10.0, T), self.progress(), 10.0, T + 0.1)
+        # tolerance = max(0.01 * 4096 / 4, 1.5 * 10, 1) = 15 -> 1.5 s after the report
+        assert due == pytest.approx(T + 1.5)
+
+    def test_endgame_publishes_every_change_but_not_faster_than_the_bound(self):
+        p = PublishPolicy(self.config)
+        p.published(report(ME, 100, 10.0, T), T)
+        near = self.progress(eta=T + 0.5)
+        assert p.next_publish(report(ME, 101, 10.0, T + 0.01), near, 10.0, T + 0.01) \
+            == pytest.approx(T + 0.05)
+        # No change, no report (besides the drift rules).
+        assert p.next_publish(report(ME, 100, 10.0, T + 0.01), near, 10.0, T + 0.01) > T + 0.05
+
+
+def test_config_is_checked():
+    with pytest.raises(ConfigError):
+        ProgressConfig(heartbeat_interval=0)
+    with pytest.raises(ConfigError):
+        ProgressConfig(heartbeat_interval=20, report_ttl=15)
+    with pytest.raises(ConfigError):
+        ProgressConfig(max_peers=0)
+    with pytest.raises(ConfigError):
+        ProgressConfig(eta_grace=math.nan)
