@@ -19,7 +19,9 @@ clock) reaches the target; a peer's delay is the time from then until it saw
 ``ready_to_step`` (negative when it was ready before the batch was truly
 full; ``*_ready_p50_s`` and ``*_ready_max_s`` are over the absolute delays).
 Bytes are p2pdl frame bytes sent by the nodes on the progress and DHT
-protocols during the run (``p2pdl.wire.traffic``), per peer per minute.
+protocols during the run (``p2pdl.wire.traffic``), per peer per minute, in
+all and per protocol (the gossip mode's DHT bytes are its snapshots and the
+DHT's own upkeep).
 Prints one JSON object.
 """
 
@@ -37,6 +39,8 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from p2pdl.dht import DHT_PROTOCOL_ID  # noqa: E402
+from p2pdl.progress import PROGRESS_PROTOCOL_ID  # noqa: E402
 from p2pdl.testing import open_swarm_agents  # noqa: E402
 
 
@@ -72,6 +76,11 @@ def summarize(logs: list[dict[str, Any]], target: int, peers: int) -> dict[str, 
     absolute = sorted(abs(d) for d in delays)
     seconds = max(log["seconds"] for log in logs)
     sent = sum(log["bytes_sent"] for log in logs)
+    by_protocol: dict[str, int] = {}
+    for log in logs:
+        for protocol, n in log["bytes_by_protocol"].items():
+            by_protocol[protocol] = by_protocol.get(protocol, 0) + n
+    per_min = peers * (seconds / 60)
     epochs = sorted({e for _, e, _ in ready})
     return {
         "ready_p50_s": round(statistics.median(absolute), 4) if absolute else None,
@@ -79,7 +88,9 @@ def summarize(logs: list[dict[str, Any]], target: int, peers: int) -> dict[str, 
         "ready_signed_p50_s": round(statistics.median(delays), 4) if delays else None,
         "early_fraction": round(sum(d < 0 for d in delays) / len(delays), 3) if delays else None,
         "spread_p50_s": round(statistics.median(spreads), 4) if spreads else None,
-        "bytes_per_peer_min": round(sent / peers / (seconds / 60)),
+        "bytes_per_peer_min": round(sent / per_min),
+        "progress_bytes_per_peer_min": round(by_protocol.get(PROGRESS_PROTOCOL_ID, 0) / per_min),
+        "dht_bytes_per_peer_min": round(by_protocol.get(DHT_PROTOCOL_ID, 0) / per_min),
         "epochs": len(epochs), "epochs_unfilled": len([e for e in epochs if e not in fills]),
         "ready_events": len(delays), "seconds": round(seconds, 1),
     }

@@ -67,9 +67,9 @@ class _Trainer:
         return t
 
 
-def _sent(protocols: tuple[str, ...]) -> int:
+def _sent(protocols: tuple[str, ...]) -> dict[str, int]:
     table = traffic()
-    return sum(table.get(p, (0, 0))[0] for p in protocols)
+    return {p: table.get(p, (0, 0))[0] for p in protocols}
 
 
 async def simulate_progress(nodes: list[TrioNode], *, mode: str, run_id: str, target: int,
@@ -78,7 +78,8 @@ async def simulate_progress(nodes: list[TrioNode], *, mode: str, run_id: str, ta
                             base_range: tuple[float, float] = (0.25, 0.6), jitter: float = 0.35,
                             pause_p: float = 0.03, pause_s: tuple[float, float] = (0.5, 1.5),
                             max_seconds: float = 300.0) -> dict[str, Any]:
-    """Run ``epochs`` epochs on every node; returns the logs and the bytes sent.
+    """Run ``epochs`` epochs on every node; returns the logs and the bytes sent
+    (``bytes_sent``, and ``bytes_by_protocol`` for the progress and DHT protocols).
 
     ``first_index`` numbers this process's nodes among all processes (the
     trainers' random streams depend on it).  Starts at wall time ``start_at``.
@@ -100,8 +101,9 @@ async def simulate_progress(nodes: list[TrioNode], *, mode: str, run_id: str, ta
                 nursery.start_soon(runner, node, trainer, first_index + i, run_id, target,
                                    epochs, averaging_time, steps, ready)
     elapsed = time.time() - started
-    return {"steps": steps, "ready": ready, "bytes_sent": _sent(protocols) - sent_before,
-            "seconds": elapsed, "nodes": len(nodes)}
+    sent = {p: n - sent_before[p] for p, n in _sent(protocols).items()}
+    return {"steps": steps, "ready": ready, "bytes_sent": sum(sent.values()),
+            "bytes_by_protocol": sent, "seconds": elapsed, "nodes": len(nodes)}
 
 
 async def _train_epoch(trainer: _Trainer, peer: int, epoch: int, report: Any,
