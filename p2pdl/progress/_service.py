@@ -569,7 +569,7 @@ class ProgressTracker:
     async def _read_snapshot(self, dht: DHTService, key: str) -> None:
         self._counters["snapshot_fetches"] += 1
         try:
-            found = await dht.get(key, latest=True)
+            found = await dht.get(key)  # a replica's copy: pushes fill in the rest
         except P2PDLError as exc:
             logger.debug("run %s: reading the snapshot failed: %s", self.run_id, exc)
             return

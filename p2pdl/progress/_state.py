@@ -279,7 +279,8 @@ class PublishPolicy:
 
     Others extrapolate the last published report; the peer publishes again
     when that extrapolation is wrong by more than a tolerance, when its
-    epoch or role changed, when the next epoch is near (every change, so the
+    epoch or role changed, when the next epoch is near (by the ETA or by the
+    samples still missing: every change, so the
     moment the target is reached is known from reports), and at least every
     ``heartbeat_interval``.  Never more often than ``min_publish_interval``.
     """
@@ -288,6 +289,13 @@ class PublishPolicy:
         self.config = config
         self.last: PeerReport | None = None
         self.last_at = -math.inf
+
+    def in_endgame(self, progress: GlobalProgress, now: float) -> bool:
+        """The next epoch is near: by the ETA, or by the samples still missing
+        (which does not depend on the rates being right)."""
+        remaining = progress.target_batch_size - progress.estimated_samples
+        return (progress.eta_next_epoch - now <= self.config.endgame_time
+                or remaining <= self.config.endgame_fraction * progress.target_batch_size)
 
     def published(self, report: PeerReport, now: float) -> None:
         self.last = report
@@ -309,8 +317,8 @@ class PublishPolicy:
         if local.samples_accumulated == last.samples_accumulated and local.samples_per_second \
                 == last.samples_per_second == 0:
             return heartbeat
-        if (local.samples_accumulated != last.samples_accumulated
-                and progress.eta_next_epoch - now <= self.config.endgame_time):
+        if local.samples_accumulated != last.samples_accumulated and self.in_endgame(progress,
+                                                                                     now):
             return now
         tolerance = max(self.config.drift_fraction * progress.target_batch_size
                         / max(1, progress.num_peers),

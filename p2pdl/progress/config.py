@@ -46,6 +46,9 @@ class ProgressConfig:
             peer publishes every change of its count, so that the moment the
             global count reaches the target is known from reports, not guessed.
             Default 1.5 s.
+        endgame_fraction: the endgame also starts once the estimate is within
+            this fraction of the target, whatever the ETA says (the rates may
+            be wrong).  Default 0.05.
         eta_grace: ``ready_to_step`` on the ETA alone (no report has yet shown
             the target reached) only this long after the ETA.  The ETA is an
             extrapolation and runs early by about half a batch per peer; reports
@@ -81,6 +84,7 @@ class ProgressConfig:
     drift_fraction: float = 0.01
     drift_batches: float = 3.0
     endgame_time: float = 1.5
+    endgame_fraction: float = 0.05
     eta_grace: float = 0.5
     report_ttl: float = 15.0
     max_clock_skew: float = 10.0

@@ -113,8 +113,11 @@ async def test_all_sixteen_ready_soon_after_the_target_is_reached():
                     tracker.report(1000)
             delays = sorted(t - filled for t in ready_at.values())
             assert len(delays) == 16
-            # In one process on 2 cores; bench_progress.py measures it spread out.
-            assert delays[-1] < ProgressConfig().heartbeat_interval, delays
+            # Published at once (the endgame), not at the next heartbeat (5 s).
+            # 16 nodes in one process on 2 cores need about a second for the
+            # 240 pushes; bench_progress.py measures the latency spread out.
+            print("ready delays", [round(d, 3) for d in delays])
+            assert delays[-1] < 3.0, delays
             for tracker in trackers:
                 assert tracker.global_progress().samples_accumulated == 16000
                 tracker.update_epoch()
@@ -166,10 +169,11 @@ async def test_a_late_joiner_learns_the_run_from_the_dht_snapshot():
             took = await wait_until(lambda: late.global_progress().samples_accumulated == 150, 10)
             assert took < 3
             assert late.statistics()["snapshot_fetches"] >= 1
-            # ... and the others learn about it.
-            late.report(1000, samples_per_second=0.0)
-            await wait_until(lambda: all(t.global_progress().samples_accumulated == 1150
-                                         for t in early), 5)
+            # ... and the others learn about it (a change beyond the drift
+            # tolerance of 0.01 * 10**6 / 6 samples is published at once).
+            late.report(100_000, samples_per_second=0.0)
+            await wait_until(lambda: all(t.global_progress().samples_accumulated == 100_150
+                                         for t in early), 4)
 
 
 async def test_partitioned_gossip_falls_back_to_the_dht_snapshot():

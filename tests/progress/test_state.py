@@ -236,3 +236,17 @@ def test_config_is_checked():
         ProgressConfig(max_peers=0)
     with pytest.raises(ConfigError):
         ProgressConfig(eta_grace=math.nan)
+
+
+def test_endgame_by_missing_samples_even_when_the_rates_are_wrong():
+    config = ProgressConfig(endgame_fraction=0.05, endgame_time=1.5)
+    p = PublishPolicy(config)
+    p.published(report(ME, 990, 1.0, T), T)
+    v = ProgressView(ME, 16_000, config)
+    v.set_local(report(ME, 1000, 1.0, T + 0.3))
+    for i in range(15):
+        v.offer(report(bytes([i]), 990, 1.0, T), T, live=True)
+    g = v.global_progress(T + 0.3)
+    assert g.eta_next_epoch - (T + 0.3) > 5      # the rates say "far"
+    # ... but 150 samples of 16000 are missing: every change is published.
+    assert p.next_publish(report(ME, 1000, 1.0, T + 0.3), g, 10.0, T + 0.3) <= T + 0.3
