@@ -29,6 +29,7 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 
 from ._concurrency import open_service_nursery
+from ._faces import AsyncioMatchmaking, AsyncioProgress, SyncMatchmaking, SyncProgress
 from .averaging import MATCHMAKING_PROTOCOL, MatchmakingConfig, MatchmakingService
 from .dht import DHT_PROTOCOL, DHTConfig, DHTService, GroupPeer, Schema, ValueWithExpiration
 from .errors import CallTimeoutError, ConfigError, LocalProtocolError, NodeClosedError, P2PDLError
@@ -370,6 +371,8 @@ class Node:
         atexit.register(self.shutdown)
         self.aio = AsyncioNode(self)
         self.dht = SyncDHT(self)
+        self.progress = SyncProgress(self)
+        self.matchmaking = SyncMatchmaking(self)
 
     def _thread_main(self) -> None:
         try:
@@ -547,6 +550,8 @@ class AsyncioNode:
     def __init__(self, node: Node) -> None:
         self._node = node
         self.dht = AsyncioDHT(self)
+        self.progress = AsyncioProgress(self)
+        self.matchmaking = AsyncioMatchmaking(self)
 
     async def _await(self, fn: Callable[[TrioNode], Awaitable[T]]) -> T:
         return await asyncio.wrap_future(self._node._submit(fn))

@@ -1,0 +1,68 @@
+"""Progress and matchmaking from sync and asyncio code (Node.progress, node.aio.progress)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import p2pdl
+from p2pdl.errors import ConfigError, LocalProtocolError, NodeClosedError
+
+pytestmark = pytest.mark.timeout(120)
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+def wait(predicate, seconds: float = 10.0) -> None:
+    import time
+    deadline = time.monotonic() + seconds
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
+
+
+def test_sync_nodes_track_progress_and_form_a_group():
+    with p2pdl.Node(listen=LOOPBACK) as a, \
+            p2pdl.Node(listen=LOOPBACK, initial_peers=a.addrs[:1]) as b:
+        b.wait_for_peers(1)
+        with a.progress.track("sync-run", 100) as ta, b.progress.track("sync-run", 100) as tb:
+            ta.report(60, samples_per_second=0.0)
+            wait(lambda: tb.global_progress().samples_accumulated == 60)
+            assert not tb.ready_to_step
+            tb.report(40, samples_per_second=0.0)
+            progress = ta.wait_ready(timeout=10)
+            assert progress.samples_accumulated == 100 and progress.num_peers == 2
+            assert ta.update_epoch() == 1 and ta.local_epoch == 1
+            with pytest.raises(LocalProtocolError):
+                tb.report(-1)
+            assert tb.statistics()["reports_accepted"] >= 1
+            assert [p.epoch for p in tb.peers()] in ([0], [1])
+        with pytest.raises(NodeClosedError):
+            ta.report(1)
+        with pytest.raises(ConfigError):
+            a.progress.track("", 10)
+        assert a.progress.statistics()["runs"] == []
+        import concurrent.futures
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            groups = list(pool.map(lambda n: n.matchmaking.form_group(
+                "sync-run", 1, matchmaking_time=10), (a, b)))
+        assert groups[0] == groups[1] and len(groups[0]) == 2
+
+
+def test_asyncio_faces():
+    async def main():
+        with p2pdl.Node(listen=LOOPBACK) as a, \
+                p2pdl.Node(listen=LOOPBACK, initial_peers=a.addrs[:1]) as b:
+            await b.aio.wait_for_peers(1)
+            async with a.aio.progress.track("aio-run", 10) as ta, \
+                    b.aio.progress.track("aio-run", 10) as tb:
+                ta.report(4, samples_per_second=0.0)
+                tb.report(6, samples_per_second=0.0)
+                progress = await ta.wait_ready(timeout=10)
+                assert progress.samples_accumulated == 10
+            groups = await asyncio.gather(a.aio.matchmaking.form_group("aio-run", 0),
+                                          b.aio.matchmaking.form_group("aio-run", 0))
+            assert groups[0] == groups[1] and len(groups[0]) == 2
+
+    asyncio.run(main())
