@@ -15,8 +15,27 @@ coordinator, through the DHT and one request/response protocol
   of a leader's answer.
 * ``_mm_service`` -- :class:`MatchmakingService`: announce, gather, lead or
   join, retry.
+* ``_balancing`` -- sans-IO: the linear program that sizes each reducer's part
+  from bandwidth and compute (:func:`plan_load`), equal shares, part sizes.
+* ``_codecs`` -- sans-IO: how tensors travel -- codecs ``none``, ``fp16`` and
+  blockwise ``uint8``, their error bounds, strict decoding, and
+  :func:`choose_codec` by size (:class:`CodecPolicy`).
 """
 
+from ._balancing import LoadPlan as LoadPlan
+from ._balancing import PeerCapacity as PeerCapacity
+from ._balancing import equal_shares as equal_shares
+from ._balancing import part_sizes as part_sizes
+from ._balancing import plan_load as plan_load
+from ._codecs import CODECS as CODECS
+from ._codecs import Codec as Codec
+from ._codecs import CodecPolicy as CodecPolicy
+from ._codecs import Float16Codec as Float16Codec
+from ._codecs import NoneCodec as NoneCodec
+from ._codecs import Uint8Codec as Uint8Codec
+from ._codecs import choose_codec as choose_codec
+from ._codecs import codec_from_header as codec_from_header
+from ._codecs import get_codec as get_codec
 from ._matchmaking import GROUP_ID_DOMAIN as GROUP_ID_DOMAIN
 from ._matchmaking import ORDER_DOMAIN as ORDER_DOMAIN
 from ._matchmaking import Group as Group

@@ -1,0 +1,357 @@
+"""The all-reduce's tensor codecs (sans-IO): round trips, error bounds, strict decoding."""
+
+from __future__ import annotations
+
+import math
+import struct
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from p2pdl.averaging._codecs import (
+    CODECS,
+    DEFAULT_BLOCK_SIZE,
+    FP16_MAX,
+    UINT8_LIMIT,
+    CodecPolicy,
+    Float16Codec,
+    NoneCodec,
+    Uint8Codec,
+    choose_codec,
+    codec_from_header,
+    get_codec,
+)
+from p2pdl.errors import ConfigError, LocalProtocolError, RemoteProtocolError
+from p2pdl.wire._tensor import TensorHeader, decode_tensor_frame, encode_tensor_frame
+from p2pdl.wire.config import FRAME_HEADER_SIZE
+
+FLOATS = st.floats(width=32, allow_nan=False, allow_infinity=False)
+# Values of one scale with an occasional outlier: what gradients look like.
+MODERATE = st.one_of(st.floats(-10, 10, width=32), FLOATS)
+SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=40)
+ALL = [NoneCodec(), Float16Codec(), Uint8Codec(), Uint8Codec(block_size=7)]
+
+
+def tensors(elements=MODERATE):
+    return hnp.arrays(np.float32, SHAPES, elements=elements).map(torch.from_numpy)
+
+
+def roundtrip(codec, t):
+    payload = codec.encode(t)
+    assert len(payload) == codec.encoded_size(t.numel())
+    y = codec.decode(payload, t.numel())
+    assert y.dtype == torch.float32 and y.shape == (t.numel(),)
+    assert bool(torch.isfinite(y).all())
+    return y
+
+
+def error(t, y):
+    return (y.double() - t.detach().reshape(-1).float().double()).abs()
+
+
+# -- error bounds ------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(tensors(FLOATS))
+def test_none_is_exact(t):
+    y = roundtrip(NoneCodec(), t)
+    assert torch.equal(y, t.reshape(-1))
+    assert NoneCodec().max_abs_error(t) == 0.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(tensors(st.one_of(FLOATS, st.floats(-2.0**-13, 2.0**-13, width=32))))
+def test_fp16_error_is_within_its_documented_bound(t):
+    y = roundtrip(Float16Codec(), t)
+    x = t.reshape(-1).double().abs()
+    bound = torch.where(x > FP16_MAX, x - FP16_MAX,
+                        torch.maximum(x * 2.0**-11, torch.full_like(x, 2.0**-25)))
+    assert bool((error(t, y) <= bound).all())
+    assert bool((y.abs() <= FP16_MAX).all())
+    assert torch.equal(Float16Codec().error_bound(t), bound)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tensors(st.one_of(MODERATE, st.floats(-2.0**-130, 2.0**-130, width=32))),
+       st.sampled_from([1, 2, 5, 64, DEFAULT_BLOCK_SIZE]))
+def test_uint8_error_is_within_half_a_step_per_block(t, block_size):
+    codec = Uint8Codec(block_size)
+    y = roundtrip(codec, t)
+    flat = t.reshape(-1).double()
+    err = error(t, y)
+    assert bool((err <= codec.error_bound(t)).all())
+    # The same bound, block by block, written out from the docstring.
+    clamped = flat.clamp(-UINT8_LIMIT, UINT8_LIMIT)
+    for start in range(0, flat.numel(), block_size):
+        block = clamped[start:start + block_size]
+        lo, hi = float(block.min()), float(block.max())
+        bound = (hi - lo) / 510 * (1 + 2**-12) + 2**-23 * max(abs(lo), abs(hi)) + 2**-140
+        beyond = (flat[start:start + block_size] - block).abs()
+        assert bool((err[start:start + block_size] <= bound + beyond).all())
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 3 * 97 + 5), st.floats(-1024, 1024, width=32), st.floats(1e-3, 1e3))
+def test_uint8_quantizes_to_the_grid_of_its_block(numel, offset, spread):
+    t = torch.linspace(offset, offset + spread, numel)
+    y = roundtrip(Uint8Codec(97), t)
+    lo, hi = float(t[:97].min()), float(t[:97].max())
+    assert float(error(t[:97], y[:97]).max()) <= (hi - lo) / 510 * 1.001 + 2**-23 * 1e3
+
+
+def test_max_abs_error_is_the_largest_bound():
+    t = torch.tensor([0.0, 1.0, 1000.0, 1e5])
+    assert NoneCodec().max_abs_error(t) == 0
+    assert Float16Codec().max_abs_error(t) == 1e5 - FP16_MAX
+    assert Uint8Codec().max_abs_error(t) == pytest.approx(1e5 / 510, rel=1e-3)
+    assert Uint8Codec().max_abs_error(torch.empty(0)) == 0.0
+
+
+# -- edge cases --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ALL, ids=lambda c: f"{c.name}{getattr(c, 'block_size', '')}")
+def test_empty_and_single_values(codec):
+    assert len(codec.encode(torch.empty(0))) == codec.encoded_size(0) == 0
+    assert codec.decode(b"", 0).shape == (0,)
+    assert codec.decode(bytearray(), 0, out=torch.empty(0)).shape == (0,)
+    for value in (0.0, -3.25, 1e-30):
+        y = roundtrip(codec, torch.tensor(value))
+        assert float(error(torch.tensor([value]), y)[0]) <= codec.max_abs_error(
+            torch.tensor(value))
+
+
+@pytest.mark.parametrize("codec", ALL, ids=lambda c: f"{c.name}{getattr(c, 'block_size', '')}")
+def test_constant_blocks_decode_exactly(codec):
+    # Two full blocks then a partial one (for uint8); fp16-exact values.
+    size = getattr(codec, "block_size", 5)
+    t = torch.tensor([1.5] * size + [-2.0] * size + [0.0] * 3)
+    assert torch.equal(roundtrip(codec, t), t)
+
+
+def test_uint8_constant_block_has_scale_zero_and_a_partial_last_block():
+    codec = Uint8Codec(4)
+    t = torch.tensor([3.0] * 4 + [0.0, 1.0, 2.0])  # one full block, one of 3
+    payload = bytes(codec.encode(t))
+    mins = struct.unpack("<2f", payload[:8])
+    scales = struct.unpack("<2f", payload[8:16])
+    assert mins == (3.0, 0.0)
+    assert scales[0] == 0.0 and scales[1] == pytest.approx(2 / 255)
+    # 1.0 is half way: 127 or 128 as float32 rounding falls.
+    assert list(payload[16:21]) == [0] * 5 and payload[21] in (127, 128) and payload[22] == 255
+    assert len(payload) == codec.encoded_size(7) == 8 * 2 + 7
+
+
+def test_fp16_clamps_huge_values_instead_of_sending_infinity():
+    t = torch.tensor([1e10, -3e38, 65519.0, 65520.0, 1.0])
+    payload = bytes(Float16Codec().encode(t))
+    assert not any(math.isinf(v) for (v,) in struct.iter_unpack("<e", payload))
+    y = roundtrip(Float16Codec(), t)
+    assert y.tolist() == [FP16_MAX, -FP16_MAX, FP16_MAX, FP16_MAX, 1.0]
+
+
+def test_uint8_clamps_values_beyond_its_limit():
+    t = torch.tensor([3e38, -3e38, 0.0, 1e30])
+    y = roundtrip(Uint8Codec(), t)
+    assert float(y.max()) <= UINT8_LIMIT * (1 + 2**-20)
+    assert float(y.min()) >= -UINT8_LIMIT * (1 + 2**-20)
+    assert bool((error(t, y) <= Uint8Codec().error_bound(t)).all())
+    # Huge but in range: the block's own resolution, nothing overflows.
+    t = torch.tensor([-4e37, 4e37, 1.0])
+    assert bool((error(t, roundtrip(Uint8Codec(), t)) <= Uint8Codec().error_bound(t)).all())
+
+
+@pytest.mark.parametrize("codec", ALL, ids=lambda c: f"{c.name}{getattr(c, 'block_size', '')}")
+def test_non_contiguous_and_other_dtypes_are_read_as_float32(codec):
+    base = torch.randn(30, 20)
+    for t in (base.t(), base[:, ::3], base[::2, 5]):
+        assert not t.is_contiguous()
+        y = roundtrip(codec, t)
+        assert bool((error(t, y) <= codec.error_bound(t)).all())
+        assert torch.equal(y, roundtrip(codec, t.contiguous()))
+    for dtype in (torch.bfloat16, torch.float64, torch.float16):
+        t = base.to(dtype)
+        y = roundtrip(codec, t)
+        assert torch.equal(y, roundtrip(codec, t.float()))
+    with pytest.raises(LocalProtocolError):
+        codec.encode(torch.arange(4))
+    with pytest.raises(LocalProtocolError):
+        codec.encode([1.0, 2.0])
+
+
+def test_none_encodes_without_copying():
+    t = torch.arange(8, dtype=torch.float32)
+    payload = NoneCodec().encode(t)
+    t[0] = 42.0
+    assert struct.unpack_from("<f", payload)[0] == 42.0
+
+
+@pytest.mark.parametrize("codec", ALL, ids=lambda c: f"{c.name}{getattr(c, 'block_size', '')}")
+def test_decoding_into_out(codec):
+    t = torch.randn(100)
+    out = torch.full((100,), math.nan)
+    result = codec.decode(codec.encode(t), 100, out=out)
+    assert result.data_ptr() == out.data_ptr()
+    assert torch.equal(out, roundtrip(codec, t))
+    for bad in (torch.empty(99), torch.empty(100, dtype=torch.float64),
+                torch.empty(200)[::2]):
+        with pytest.raises(LocalProtocolError):
+            codec.decode(codec.encode(t), 100, out=bad)
+
+
+@pytest.mark.parametrize("codec", ALL, ids=lambda c: f"{c.name}{getattr(c, 'block_size', '')}")
+def test_read_only_and_unaligned_payloads_decode(codec):
+    t = torch.randn(50)
+    payload = bytes(codec.encode(t))
+    expected = roundtrip(codec, t)
+    assert torch.equal(codec.decode(payload, 50), expected)
+    shifted = memoryview(bytearray(b"x" + payload))[1:]  # as inside a frame
+    assert torch.equal(codec.decode(shifted, 50), expected)
+
+
+# -- encoding what cannot be sent --------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ALL, ids=lambda c: f"{c.name}{getattr(c, 'block_size', '')}")
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("where", [0, 9, 19])
+def test_encoding_nan_or_infinity_is_a_local_error(codec, bad, where):
+    t = torch.randn(20)
+    t[where] = bad
+    with pytest.raises(LocalProtocolError, match="NaN or infinite"):
+        codec.encode(t)
+
+
+@pytest.mark.parametrize("codec", ALL, ids=lambda c: f"{c.name}{getattr(c, 'block_size', '')}")
+def test_float64_beyond_float32_is_a_local_error(codec):
+    with pytest.raises(LocalProtocolError):
+        codec.encode(torch.tensor([1.0, 1e300], dtype=torch.float64))
+
+
+# -- strict decoding ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ALL, ids=lambda c: f"{c.name}{getattr(c, 'block_size', '')}")
+def test_wrong_payload_length_is_a_remote_error(codec):
+    payload = bytes(codec.encode(torch.randn(20)))
+    for wrong in (payload[:-1], payload + b"\0", b""):
+        with pytest.raises(RemoteProtocolError, match="payload of"):
+            codec.decode(wrong, 20)
+    with pytest.raises(RemoteProtocolError):
+        codec.decode(payload, 21)
+    with pytest.raises(LocalProtocolError):
+        codec.decode(payload, -1)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_none_and_fp16_payloads_are_rejected(bad):
+    with pytest.raises(RemoteProtocolError, match="NaN or infinite"):
+        NoneCodec().decode(struct.pack("<3f", 1.0, bad, 2.0), 3)
+    with pytest.raises(RemoteProtocolError, match="NaN or infinite"):
+        Float16Codec().decode(struct.pack("<3e", 1.0, 2.0, bad), 3)
+
+
+def uint8_payload(mins, scales, codes):
+    return struct.pack(f"<{len(mins)}f{len(scales)}f", *mins, *scales) + bytes(codes)
+
+
+def test_a_well_formed_uint8_payload_decodes():
+    y = Uint8Codec(2).decode(uint8_payload([1.0, -4.0], [0.5, 0.0], [0, 2, 255]), 3)
+    assert y.tolist() == [1.0, 2.0, -4.0]
+
+
+@pytest.mark.parametrize("mins, scales, message", [
+    ([math.nan, 0.0], [1.0, 1.0], "minimum"),
+    ([0.0, math.inf], [1.0, 1.0], "minimum"),
+    ([-math.inf, 0.0], [1.0, 1.0], "minimum"),
+    ([0.0, 3e38], [1.0, 1.0], "minimum"),
+    ([0.0, 0.0], [math.nan, 1.0], "scale"),
+    ([0.0, 0.0], [1.0, math.inf], "scale"),
+    ([0.0, 0.0], [-1.0, 1.0], "scale"),
+    ([0.0, 0.0], [1.0, -1e-45], "scale"),
+    ([0.0, 0.0], [1.0, 1e37], "scale"),
+])
+def test_bad_uint8_blocks_are_rejected(mins, scales, message):
+    with pytest.raises(RemoteProtocolError, match=message):
+        Uint8Codec(2).decode(uint8_payload(mins, scales, [7, 7, 7]), 3)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_decoding_garbage_never_yields_nan_or_infinity(data):
+    codec = data.draw(st.sampled_from(ALL))
+    numel = data.draw(st.integers(0, 30))
+    size = codec.encoded_size(numel)
+    if codec.name == "uint8":
+        # Mostly plausible floats for the block headers, so that some pass.
+        blocks = codec.blocks(numel)
+        head = data.draw(st.lists(st.floats(width=32), min_size=2 * blocks,
+                                  max_size=2 * blocks))
+        payload = struct.pack(f"<{2 * blocks}f", *head) + data.draw(
+            st.binary(min_size=numel, max_size=numel))
+    else:
+        payload = data.draw(st.binary(min_size=size, max_size=size))
+    try:
+        y = codec.decode(payload, numel)
+    except RemoteProtocolError:
+        return
+    assert bool(torch.isfinite(y).all())
+
+
+# -- choosing codecs, and their names on the wire ----------------------------
+
+
+def test_the_codecs_by_name():
+    assert set(CODECS) == {"none", "fp16", "uint8"}
+    assert all(codec.name == name for name, codec in CODECS.items())
+    assert get_codec("uint8") == Uint8Codec(DEFAULT_BLOCK_SIZE)
+    assert get_codec("uint8", 64) == Uint8Codec(64)
+    with pytest.raises(ConfigError):
+        get_codec("zstd")
+    for bad in (0, -1, 2**24 + 1, 1.5, True):
+        with pytest.raises(ConfigError):
+            Uint8Codec(bad)
+    assert Uint8Codec().encoded_size(10_000_000) == 10_000_000 + 8 * 2442
+
+
+def test_choose_codec_by_size():
+    policy = CodecPolicy()
+    assert (policy.small, policy.large, policy.threshold) == ("none", "fp16", 2**16)
+    assert choose_codec(0).name == "none"
+    assert choose_codec(2**16 - 1).name == "none"
+    assert choose_codec(2**16).name == "fp16"
+    custom = CodecPolicy(small="fp16", large="uint8", threshold=1000, block_size=256)
+    assert choose_codec(999, custom) == Float16Codec()
+    assert choose_codec(1000, custom) == Uint8Codec(256)
+    for bad in (dict(small="gzip"), dict(large="uint9"), dict(threshold=-1),
+                dict(block_size=0)):
+        with pytest.raises(ConfigError):
+            CodecPolicy(**bad)
+
+
+def test_codec_from_header_checks_what_the_peer_announced():
+    for codec in ALL:
+        assert codec_from_header(codec.name, codec.meta()) == codec
+    for name, meta in [("gzip", None), ("none", {"block_size": 4}), ("uint8", None),
+                       ("uint8", {}), ("uint8", {"block_size": 0}),
+                       ("uint8", {"block_size": "4096"}), ("uint8", {"block_size": 2**30}),
+                       ("uint8", {"block_size": 64, "extra": 1})]:
+        with pytest.raises(RemoteProtocolError):
+            codec_from_header(name, meta)
+
+
+@pytest.mark.parametrize("codec", ALL, ids=lambda c: f"{c.name}{getattr(c, 'block_size', '')}")
+def test_a_chunk_travels_in_a_tensor_frame(codec):
+    t = torch.randn(3, 33)
+    data = codec.encode(t)
+    header = TensorHeader(part=1, dtype="float32", shape=(3, 33), offset=0, count=99,
+                          codec=codec.name, meta=codec.meta())
+    frame = bytearray(encode_tensor_frame(header, len(data)) + bytes(data))
+    chunk = decode_tensor_frame(frame[FRAME_HEADER_SIZE:])
+    received = codec_from_header(chunk.header.codec, chunk.header.meta)
+    assert torch.equal(received.decode(chunk.data, chunk.header.count), roundtrip(codec, t))
