@@ -11,21 +11,23 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from .averaging import Group
+from .averaging import AllReduceResult, Group
 from .errors import CallTimeoutError, NodeClosedError
 from .progress import GlobalProgress, PeerReport, ProgressTracker
 
 if TYPE_CHECKING:
+    import torch
+
     from ._node import AsyncioNode, Node
 
 __all__ = ["SyncProgress", "SyncTracker", "SyncMatchmaking", "AsyncioProgress",
-           "AsyncioTracker", "AsyncioMatchmaking"]
+           "AsyncioTracker", "AsyncioMatchmaking", "SyncAveraging", "AsyncioAveraging"]
 
 T = TypeVar("T")
 
@@ -176,6 +178,28 @@ class SyncMatchmaking:
         return self._node._run(_async(lambda n: n.matchmaking.statistics()), 10.0, False)
 
 
+class SyncAveraging:
+    """``node.averaging`` of a sync :class:`~p2pdl.Node`."""
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def all_reduce(self, group: Group, tensors: Sequence[torch.Tensor], **options: Any
+                   ) -> AllReduceResult:
+        """Block until the all-reduce ends (see :meth:`AllReduceService.all_reduce`).
+
+        It lasts at most the config's ``averaging_timeout`` (plus a margin);
+        the tensors are read and, with ``inplace=True``, written in the
+        node's thread, so leave them alone until it returns.
+        """
+        config = options.get("config") or self._node.config.allreduce
+        return self._node._run(lambda n: n.averaging.all_reduce(group, tensors, **options),
+                               config.averaging_timeout + FORM_GROUP_SLACK, False)
+
+    def statistics(self) -> dict[str, Any]:
+        return self._node._run(_async(lambda n: n.averaging.statistics()), 10.0, False)
+
+
 class AsyncioTracker:
     """A progress tracker for asyncio code (``async with node.aio.progress.track(...)``).
 
@@ -235,6 +259,18 @@ class AsyncioMatchmaking:
     async def form_group(self, run_id: str, epoch: int, **options: Any) -> Group:
         return await self._aio._await(lambda n: n.matchmaking.form_group(run_id, epoch,
                                                                          **options))
+
+
+class AsyncioAveraging:
+    """``node.aio.averaging``."""
+
+    def __init__(self, aio: AsyncioNode) -> None:
+        self._aio = aio
+
+    async def all_reduce(self, group: Group, tensors: Sequence[torch.Tensor],
+                         **options: Any) -> AllReduceResult:
+        return await self._aio._await(lambda n: n.averaging.all_reduce(group, tensors,
+                                                                       **options))
 
 
 def _async(fn: Callable[[Any], T]) -> Callable[[Any], Any]:

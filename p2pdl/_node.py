@@ -29,8 +29,22 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 
 from ._concurrency import open_service_nursery
-from ._faces import AsyncioMatchmaking, AsyncioProgress, SyncMatchmaking, SyncProgress
-from .averaging import MATCHMAKING_PROTOCOL, MatchmakingConfig, MatchmakingService
+from ._faces import (
+    AsyncioAveraging,
+    AsyncioMatchmaking,
+    AsyncioProgress,
+    SyncAveraging,
+    SyncMatchmaking,
+    SyncProgress,
+)
+from .averaging import (
+    ALLREDUCE_PROTOCOL_ID,
+    MATCHMAKING_PROTOCOL,
+    AllReduceConfig,
+    AllReduceService,
+    MatchmakingConfig,
+    MatchmakingService,
+)
 from .dht import DHT_PROTOCOL, DHTConfig, DHTService, GroupPeer, Schema, ValueWithExpiration
 from .errors import CallTimeoutError, ConfigError, LocalProtocolError, NodeClosedError, P2PDLError
 from .nat import DIALBACK, NatService, Reachability, ReachabilityConfig
@@ -72,6 +86,7 @@ class NodeConfig:
     dht_schemas: tuple[Schema, ...] = ()
     progress: ProgressConfig = ProgressConfig()
     matchmaking: MatchmakingConfig = MatchmakingConfig()
+    allreduce: AllReduceConfig = AllReduceConfig()
 
     @classmethod
     def build(cls, config: NodeConfig | None = None, **host_fields: Any) -> NodeConfig:
@@ -120,6 +135,8 @@ class TrioNode:
                                                config.matchmaking,
                                                max_hold=config.wire.handler_timeout - 1.0)
         self.serve(MATCHMAKING_PROTOCOL, self._matchmaking.handle)
+        self._averaging = AllReduceService(host, config.wire, config.allreduce)
+        self.set_stream_handler(ALLREDUCE_PROTOCOL_ID, self._averaging.handle)
 
     # -- identity and peers -------------------------------------------------
 
@@ -152,6 +169,12 @@ class TrioNode:
         """Averaging groups: ``group = await node.matchmaking.form_group(run_id, epoch)``
         (docs/matchmaking.md)."""
         return self._matchmaking
+
+    @property
+    def averaging(self) -> AllReduceService:
+        """Butterfly all-reduce: ``result = await node.averaging.all_reduce(group, tensors,
+        weight=samples)`` (docs/allreduce.md)."""
+        return self._averaging
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -258,7 +281,8 @@ class TrioNode:
                 "relay_reservations": len(self._host.relay_reservations()),
                 "paths": {k: paths.count(k) for k in ("direct", "hole-punched", "relayed")},
                 "dht": self._dht.statistics(), "progress": self._progress.statistics(),
-                "matchmaking": self._matchmaking.statistics()}
+                "matchmaking": self._matchmaking.statistics(),
+                "averaging": self._averaging.statistics()}
 
     def _close(self) -> None:
         self._rpc.close()
@@ -373,6 +397,7 @@ class Node:
         self.dht = SyncDHT(self)
         self.progress = SyncProgress(self)
         self.matchmaking = SyncMatchmaking(self)
+        self.averaging = SyncAveraging(self)
 
     def _thread_main(self) -> None:
         try:
@@ -552,6 +577,7 @@ class AsyncioNode:
         self.dht = AsyncioDHT(self)
         self.progress = AsyncioProgress(self)
         self.matchmaking = AsyncioMatchmaking(self)
+        self.averaging = AsyncioAveraging(self)
 
     async def _await(self, fn: Callable[[TrioNode], Awaitable[T]]) -> T:
         return await asyncio.wrap_future(self._node._submit(fn))

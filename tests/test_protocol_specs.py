@@ -3,16 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import inspect
 import pathlib
 import re
+
+import msgpack
 
 import p2pdl.averaging as averaging
 import p2pdl.dht as dht
 import p2pdl.nat as nat
 import p2pdl.progress as progress
 import p2pdl.wire as wire
-from p2pdl.averaging import MATCHMAKING_PROTOCOL_ID, MatchmakingConfig
+from p2pdl.averaging import (
+    ALLREDUCE_PROTOCOL_ID,
+    MATCHMAKING_PROTOCOL_ID,
+    AllReduceConfig,
+    CodecPolicy,
+    Layout,
+    MatchmakingConfig,
+)
+from p2pdl.averaging import _allreduce as ar_state
+from p2pdl.averaging import _ar_messages as ar_messages
+from p2pdl.averaging import _ar_service as ar_service
+from p2pdl.averaging import _matchmaking as mm_state
 from p2pdl.averaging import _mm_messages as mm_messages
 from p2pdl.averaging import _mm_service as mm_service
 from p2pdl.averaging import config as mm_config
@@ -38,7 +52,7 @@ SPECS = pathlib.Path(__file__).resolve().parents[1] / "protocols"
 #: Protocol ids defined in the code, by spec file.
 CODE_IDS = {"ping.md": PING_PROTOCOL_ID, "transport.md": DIALBACK_PROTOCOL_ID,
             "dht.md": DHT_PROTOCOL_ID, "progress.md": PROGRESS_PROTOCOL_ID,
-            "matchmaking.md": MATCHMAKING_PROTOCOL_ID}
+            "matchmaking.md": MATCHMAKING_PROTOCOL_ID, "allreduce.md": ALLREDUCE_PROTOCOL_ID}
 
 
 def spec(name: str) -> str:
@@ -255,10 +269,13 @@ def test_progress_messages_and_signatures_match_the_code():
 
 def test_matchmaking_definitions_match_the_code():
     rows = definitions(spec("matchmaking.md"))
+    # Every hard limit of averaging/config.py that the matchmaking modules use
+    # (the same file also holds the all-reduce's limits, specified elsewhere).
+    used = vars(mm_messages).keys() | vars(mm_state).keys() | vars(mm_service).keys()
     limits = {name: value for name, value in vars(mm_config).items()
-              if name.isupper() and type(value) is int}
+              if name.isupper() and type(value) is int and name in used}
     assert {"MAX_RUN_ID_LENGTH", "MAX_EPOCH", "MAX_GROUP_SIZE", "GROUP_ID_SIZE",
-            "MAX_JOIN_WAIT"} <= limits.keys()
+            "MAX_JOIN_WAIT", "MAX_MATCHMAKING_TIME", "MIN_RATE", "MAX_RATE"} <= limits.keys()
     for name, value in limits.items():
         assert number(rows[name]) == value, name
     defaults = MatchmakingConfig()
@@ -267,6 +284,7 @@ def test_matchmaking_definitions_match_the_code():
     for name in ("REPLY_MARGIN", "JOIN_SLACK", "MAX_RECENT_ROUNDS", "GATHER_FRACTION",
                  "JOIN_WINDOW_FRACTION"):
         assert abs(number(rows[name]) - getattr(mm_service, name)) < 1e-3, name
+    assert number(rows["FRACTION_TOLERANCE"]) == mm_state.FRACTION_TOLERANCE
 
 
 def test_matchmaking_messages_codes_and_hashes_match_the_code():
@@ -287,15 +305,65 @@ def test_matchmaking_messages_codes_and_hashes_match_the_code():
         set(mm_messages.REJECT_CODES)
     assert f'ORDER_DOMAIN = "{averaging.ORDER_DOMAIN}"' in text
     assert f'GROUP_ID_DOMAIN = "{averaging.GROUP_ID_DOMAIN}"' in text
-    # The worked example: three peers from fixed keys, B in client mode.
+    # The worked example: three peers from fixed keys, B in client mode, C auxiliary.
     a, b, c = (ID.from_pubkey(create_new_key_pair(bytes([i]) * 32).public_key)
                for i in (1, 2, 3))
     for peer in (a, b, c):
         assert f"`{peer}` | `{averaging.order_key('my-run', 3, peer).hex()}`" in text
     view = [averaging.GroupMemberInfo(a), averaging.GroupMemberInfo(b, True),
-            averaging.GroupMemberInfo(c)]
+            averaging.GroupMemberInfo(c, auxiliary=True)]
     plan = averaging.plan_groups("my-run", 3, view, 4)
     assert plan.groups[0].members == tuple(view)
-    assert averaging.compute_group_id("my-run", 3, view).hex() in text
+    fractions = (0.75, 0.0, 0.25)
+    assert mm_state.check_fractions(view, fractions) is None
+    assert "`[0.75, 0.0, 0.25]`" in text
+    preimage = msgpack.packb([averaging.GROUP_ID_DOMAIN, "my-run", 3,
+                              [[m.peer_id.to_bytes(), m.client_mode, m.auxiliary] for m in view],
+                              list(fractions)], use_bin_type=True)
+    assert f"`{preimage.hex()}`" in text
+    group_id = averaging.compute_group_id("my-run", 3, view, fractions)
+    assert group_id == hashlib.sha256(preimage).digest()
+    assert f"`{group_id.hex()}`" in text
+    assert f"`{averaging.compute_group_id('my-run', 3, view).hex()}`" in text  # nil fractions
     assert f"`{GROUP_PREFIX}{averaging.round_key('R', 'E')}`" in text  # the rendezvous key
 
+
+
+def test_allreduce_definitions_match_the_code():
+    rows = definitions(spec("allreduce.md"))
+    for name in ("MAX_WEIGHT", "LAYOUT_DIGEST_SIZE", "MAX_SEGMENTS"):
+        assert number(rows[name]) == getattr(ar_messages, name), name
+    for name in ("MIN_CHUNK_VALUES", "MAX_CHUNK_VALUES", "MAX_AVERAGING_TIMEOUT"):
+        assert number(rows[name]) == getattr(mm_config, name), name
+    assert number(rows["LAYOUT_VERSION"]) == ar_state.LAYOUT_VERSION
+    for name in ("DONE_LINGER", "MAX_RECENT_GROUPS"):
+        assert number(rows[name]) == getattr(ar_service, name), name
+    defaults = AllReduceConfig()
+    for field in dataclasses.fields(AllReduceConfig):
+        if field.name == "codecs":
+            assert defaults.codecs == CodecPolicy("none", "fp16", 65536)
+            assert "65536" in rows["codecs"] and "fp16" in rows["codecs"]
+            continue
+        assert number(rows[field.name]) == getattr(defaults, field.name), field.name
+
+
+def test_allreduce_messages_codes_and_layout_match_the_code():
+    text = spec("allreduce.md")
+    messages = section(text, "Messages")
+    for message in (ar_messages.Begin, ar_messages.Done, ar_messages.Reject,
+                    ar_messages.Segment):
+        assert f"`{message.TAG}`" in messages, message.TAG
+        for field in dataclasses.fields(message):
+            assert f"| `{field.name}` |" in messages, (message.TAG, field.name)
+    errors = section(text, "Errors")
+    assert set(re.findall(r"^\| `(\w+)` \|", errors, re.MULTILINE)) == \
+        set(ar_messages.REJECT_CODES)
+    # The worked example of the layout digest.
+    layout = Layout.for_tensors([3, 70000], [0.75, 0.0, 0.25], CodecPolicy(), 1024)
+    preimage = msgpack.packb([ar_state.LAYOUT_VERSION, [3, 70000],
+                              [["none", None], ["fp16", None]], [0.75, 0.0, 0.25], 1024])
+    assert f"`{preimage.hex()}`" in text
+    assert hashlib.sha256(preimage).digest() == layout.digest
+    assert f"`{layout.digest.hex()}`" in text
+    assert layout.part_bounds == ((0, 52502), (52502, 52502), (52502, 70003))
+    assert len(layout.chunks[0]) == 53 and layout.chunks[0][0].count == 3

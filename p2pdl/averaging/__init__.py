@@ -4,7 +4,8 @@ Issue 5 builds **matchmaking**: peers ready for the same epoch of a run form
 groups of at most ``target_group_size`` within ``matchmaking_time``, with no
 coordinator, through the DHT and one request/response protocol
 (protocols/matchmaking.md, docs/matchmaking.md).  Reach it as
-``node.matchmaking``.  Issue 6 adds the all-reduce.  Modules:
+``node.matchmaking``.  Then the group averages with a butterfly all-reduce
+(protocols/allreduce.md, docs/allreduce.md): ``node.averaging.all_reduce``.  Modules:
 
 * ``config`` -- :class:`MatchmakingConfig` (documented defaults) and the
   wire's hard limits.
@@ -20,8 +21,23 @@ coordinator, through the DHT and one request/response protocol
 * ``_codecs`` -- sans-IO: how tensors travel -- codecs ``none``, ``fp16`` and
   blockwise ``uint8``, their error bounds, strict decoding, and
   :func:`choose_codec` by size (:class:`CodecPolicy`).
+* ``_allreduce`` -- sans-IO: the :class:`Layout` of parts and chunks every
+  member computes, :class:`PartReducer` (weighted sums, exclusions, averages
+  chunk by chunk), :class:`PartReceiver`, the results.
+* ``_ar_messages`` -- the protocol ``/p2pdl/allreduce/1.0.0``: begin, done,
+  reject, and the chunks as TENSOR frames.
+* ``_ar_service`` -- :class:`AllReduceService` (``node.averaging``): the
+  streams of a butterfly all-reduce, sending, reducing and receiving at once.
 """
 
+from ._allreduce import AllReduceResult as AllReduceResult
+from ._allreduce import Contribution as Contribution
+from ._allreduce import Layout as Layout
+from ._allreduce import PartReceiver as PartReceiver
+from ._allreduce import PartReducer as PartReducer
+from ._allreduce import PartResult as PartResult
+from ._ar_messages import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
+from ._ar_service import AllReduceService as AllReduceService
 from ._balancing import LoadPlan as LoadPlan
 from ._balancing import PeerCapacity as PeerCapacity
 from ._balancing import equal_shares as equal_shares
@@ -52,4 +68,5 @@ from ._mm_messages import MATCHMAKING_PROTOCOL as MATCHMAKING_PROTOCOL
 from ._mm_messages import MATCHMAKING_PROTOCOL_ID as MATCHMAKING_PROTOCOL_ID
 from ._mm_service import MatchmakingService as MatchmakingService
 from ._mm_service import round_key as round_key
+from .config import AllReduceConfig as AllReduceConfig
 from .config import MatchmakingConfig as MatchmakingConfig

@@ -27,6 +27,11 @@ Rules:
   failed), then those of the other groups that are not closed, and last
   the first non-client peer in order that has not refused it (possibly
   itself: a group of leftovers).
+* A leader's **load plan** (:func:`plan_fractions`): when it finalizes, the
+  leader solves the load-balancing program of ``_balancing`` once over its
+  members' capacities (client mode, auxiliary, bandwidth, reduce rate) and
+  sends the fractions with the group, so that every member uses the very
+  same floats.  The group id covers them.
 """
 
 from __future__ import annotations
@@ -34,34 +39,51 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import logging
 import math
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
+from typing import Any
 
 import msgpack
 import multihash  # py-libp2p's dependency: checks the structure of peer ids
 from libp2p.peer.id import ID
 
 from ..errors import RemoteProtocolError
-from .config import MAX_EPOCH, MAX_PEER_ID_SIZE, MAX_RUN_ID_LENGTH
+from ._balancing import PeerCapacity, equal_shares, plan_load
+from .config import MAX_EPOCH, MAX_PEER_ID_SIZE, MAX_RATE, MAX_RUN_ID_LENGTH, MIN_RATE
 
-__all__ = ["ORDER_DOMAIN", "GROUP_ID_DOMAIN", "GroupMemberInfo", "Group", "PlannedGroup",
-           "Plan", "order_key", "compute_group_id", "plan_groups", "next_leader",
-           "expected_members",
+__all__ = ["ORDER_DOMAIN", "GROUP_ID_DOMAIN", "FRACTION_TOLERANCE", "GroupMemberInfo", "Group",
+           "PlannedGroup", "Plan", "order_key", "compute_group_id", "plan_groups",
+           "next_leader", "expected_members", "member_capacities", "plan_fractions",
            "LeaderState", "MatchmakingRound", "Phase", "Refusal", "HOLD", "ACCEPTED",
-           "group_from_formed", "check_run"]
+           "group_from_formed", "check_run", "check_capacity", "check_fractions"]
+
+logger = logging.getLogger(__name__)
 
 #: Domain strings of the two hashes (protocols/matchmaking.md).
 ORDER_DOMAIN = "p2pdl/matchmaking/order/1"
 GROUP_ID_DOMAIN = "p2pdl/matchmaking/group/1"
+#: A leader's fractions must sum to 1 within this much (protocols/matchmaking.md).
+FRACTION_TOLERANCE = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
 class GroupMemberInfo:
-    """A member of a group: its peer id and whether it is a client-mode peer
-    (it dials out but accepts no connections, so it never leads or reduces)."""
+    """A member of a group, as it joined.
+
+    ``client_mode``: it dials out but accepts no connections, so it never
+    leads or reduces.  ``auxiliary``: it reduces parts but contributes no
+    vector of its own.  ``bandwidth``: bytes per second it can send and
+    receive at once (None: unknown).  ``reduce_rate``: bytes of input it can
+    reduce per second (None: not a bottleneck).  The last three only feed
+    the leader's load plan (:func:`plan_fractions`).
+    """
 
     peer_id: ID
     client_mode: bool = False
+    auxiliary: bool = False
+    bandwidth: float | None = None
+    reduce_rate: float | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,13 +92,19 @@ class Group:
 
     ``members`` is ordered: the leader first, then the others by
     :func:`order_key`.  ``group_id`` is :func:`compute_group_id` of the run,
-    the epoch and that list.
+    the epoch, that list and ``fractions``.
+
+    ``fractions``: the leader's load plan, the share of the averaged vector
+    each member reduces (same order as ``members``; they sum to 1; 0 for
+    client-mode members).  None when the group has no member that
+    contributes a vector (every member auxiliary).
     """
 
     group_id: bytes
     run_id: str
     epoch: int
     members: tuple[GroupMemberInfo, ...]
+    fractions: tuple[float, ...] | None = None
 
     @property
     def leader(self) -> ID:
@@ -96,6 +124,75 @@ class Group:
                 return i
         raise ValueError(f"{peer_id} is not a member of this group")
 
+    def capacities(self) -> list[PeerCapacity]:
+        """The members' capacities for ``_balancing`` (see :func:`member_capacities`)."""
+        return member_capacities(self.members)
+
+
+def member_capacities(members: Sequence[GroupMemberInfo]) -> list[PeerCapacity]:
+    """One :class:`PeerCapacity` per member, in order.  An unknown bandwidth
+    counts as the mean of the known ones (1.0 if none is known), as hivemind
+    does."""
+    known = [m.bandwidth for m in members if m.bandwidth is not None]
+    default = math.fsum(known) / len(known) if known else 1.0
+    return [PeerCapacity(default if m.bandwidth is None else m.bandwidth, m.reduce_rate,
+                         client=m.client_mode, auxiliary=m.auxiliary) for m in members]
+
+
+def plan_fractions(members: Sequence[GroupMemberInfo]) -> tuple[float, ...] | None:
+    """A leader's load plan for ``members`` (in group order): the fractions of
+    ``_balancing.plan_load`` over :func:`member_capacities`; equal shares
+    among the members that are not in client mode if the program cannot be
+    solved; None if no member contributes a vector (every one auxiliary) or
+    nobody can reduce.  The fractions do not depend on the vector's size."""
+    if not members or all(m.auxiliary for m in members) \
+            or all(m.client_mode for m in members):
+        logger.debug("no load plan: no member contributes a vector, or none can reduce")
+        return None
+    capacities = member_capacities(members)
+    # Any size gives the same fractions; one second of an average link keeps
+    # the program's times near 1, far above the solver's tolerances.
+    scale = math.fsum(c.bandwidth for c in capacities) / len(capacities)
+    try:
+        return plan_load(capacities, scale).fractions
+    except Exception as exc:  # scipy missing, or the program failing: equal shares
+        logger.warning("load plan failed (%s: %s); using equal shares",
+                       type(exc).__name__, exc)
+    return equal_shares(capacities, scale).fractions
+
+
+def check_capacity(client_mode: object, auxiliary: object, bandwidth: object,
+                   reduce_rate: object) -> str | None:
+    """Why a peer's declared role and capacity are invalid, or None."""
+    if not isinstance(auxiliary, bool):
+        return f"auxiliary must be a bool, not {auxiliary!r}"
+    if client_mode and auxiliary:
+        return "a client-mode peer cannot be auxiliary (nobody can send it parts to reduce)"
+    for name, value in (("bandwidth", bandwidth), ("reduce_rate", reduce_rate)):
+        if value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool) \
+                or not math.isfinite(value) or not MIN_RATE <= value <= MAX_RATE:
+            return (f"{name} must be None or a number of bytes per second in "
+                    f"{MIN_RATE}..{MAX_RATE:.0e}, not {value!r}")
+    return None
+
+
+def check_fractions(members: Sequence[GroupMemberInfo], fractions: Sequence[float]) -> str | None:
+    """Why ``fractions`` is not a valid load plan of ``members``, or None: one
+    per member, finite, >= 0, 0 for client-mode members, summing to 1 within
+    FRACTION_TOLERANCE."""
+    if len(fractions) != len(members):
+        return f"{len(fractions)} fractions for {len(members)} members"
+    for member, f in zip(members, fractions, strict=True):
+        if type(f) is not float or not math.isfinite(f) or f < 0:
+            return f"a fraction is not a finite float >= 0: {f!r}"
+        if member.client_mode and f != 0:
+            return "a client-mode member has a fraction above 0"
+    if abs(math.fsum(fractions) - 1) > FRACTION_TOLERANCE:
+        return f"the fractions sum to {math.fsum(fractions)!r}, not 1"
+    return None
+
 
 def check_run(run_id: object, epoch: object) -> str | None:
     """Why ``(run_id, epoch)`` is not a valid round, or None if it is."""
@@ -114,19 +211,29 @@ def order_key(run_id: str, epoch: int, peer_id: ID) -> bytes:
                                         use_bin_type=True)).digest()
 
 
-def compute_group_id(run_id: str, epoch: int, members: Iterable[GroupMemberInfo]) -> bytes:
+def compute_group_id(run_id: str, epoch: int, members: Iterable[GroupMemberInfo],
+                     fractions: Sequence[float] | None = None) -> bytes:
     """SHA-256 of ``msgpack([GROUP_ID_DOMAIN, run_id, epoch, [[peer id bytes,
-    client_mode], ...]])``, members in group order."""
-    entries = [[m.peer_id.to_bytes(), m.client_mode] for m in members]
-    return hashlib.sha256(msgpack.packb([GROUP_ID_DOMAIN, run_id, epoch, entries],
-                                        use_bin_type=True)).digest()
+    client_mode, auxiliary], ...], fractions])``, members in group order,
+    ``fractions`` an array of float 64 or nil."""
+    entries = [[m.peer_id.to_bytes(), m.client_mode, m.auxiliary] for m in members]
+    plan = None if fractions is None else [float(f) for f in fractions]
+    return hashlib.sha256(msgpack.packb([GROUP_ID_DOMAIN, run_id, epoch, entries, plan],
+                                        use_bin_type=True, use_single_float=False)).digest()
+
+
+#: Makes a group's load plan from its members in group order (:func:`plan_fractions`).
+Planner = Callable[[Sequence[GroupMemberInfo]], tuple[float, ...] | None]
 
 
 def make_group(run_id: str, epoch: int, leader: GroupMemberInfo,
-               others: Iterable[GroupMemberInfo]) -> Group:
-    """The group of ``leader`` and ``others``, in group order, with its id."""
+               others: Iterable[GroupMemberInfo], planner: Planner = plan_fractions) -> Group:
+    """The group of ``leader`` and ``others``, in group order, with the load
+    plan ``planner`` makes for it and its id."""
     members = (leader, *sorted(others, key=lambda m: order_key(run_id, epoch, m.peer_id)))
-    return Group(compute_group_id(run_id, epoch, members), run_id, epoch, members)
+    fractions = planner(members)
+    return Group(compute_group_id(run_id, epoch, members, fractions), run_id, epoch, members,
+                 fractions)
 
 
 # -- the plan ----------------------------------------------------------------------------
@@ -297,17 +404,20 @@ class LeaderState:
         expected: the members the plan gives this leader (it finalizes early
             once all have joined); None: wait for ``finalize_at`` (or until full).
         finalize_at: when it finalizes at the latest.
+        planner: makes the group's load plan at finalization (default
+            :func:`plan_fractions`).
     """
 
     def __init__(self, run_id: str, epoch: int, leader: GroupMemberInfo,
                  target_group_size: int, min_group_size: int, expected: Iterable[ID] | None,
-                 finalize_at: float) -> None:
+                 finalize_at: float, planner: Planner = plan_fractions) -> None:
         if leader.client_mode:
             raise ValueError("a client-mode peer cannot lead")
         self.run_id, self.epoch, self.leader = run_id, epoch, leader
         self.target_group_size, self.min_group_size = target_group_size, min_group_size
         self.expected = None if expected is None else frozenset(expected) - {leader.peer_id}
         self.finalize_at = finalize_at
+        self.planner = planner
         self.joiners: dict[ID, _Joiner] = {}  # in order of arrival
         self.status = "open"  # then "finalized" or "disbanded"
         self.group: Group | None = None
@@ -318,8 +428,10 @@ class LeaderState:
         return 1 + len(self.joiners)
 
     def offer(self, peer: ID, client_mode: bool, target_group_size: int, wait_until: float,
-              now: float) -> Verdict:
-        """A join request from ``peer`` that waits until ``wait_until``."""
+              now: float, *, auxiliary: bool = False, bandwidth: float | None = None,
+              reduce_rate: float | None = None) -> Verdict:
+        """A join request from ``peer`` that waits until ``wait_until``, with
+        the role and capacity it declared (checked by :func:`check_capacity`)."""
         if self.status == "finalized":
             return Refusal("finalized", "the group was already formed")
         if self.status == "disbanded":
@@ -329,16 +441,17 @@ class LeaderState:
                                        f"{self.target_group_size}, not {target_group_size}")
         if peer == self.leader.peer_id:
             return Refusal("not_leader", "a peer cannot join itself")
+        info = GroupMemberInfo(peer, client_mode, auxiliary, bandwidth, reduce_rate)
         joiner = self.joiners.get(peer)
         if joiner is not None:  # a repeated request (the first one timed out, say)
-            joiner.info = GroupMemberInfo(peer, client_mode)
+            joiner.info = info
             joiner.wait_until = max(joiner.wait_until, wait_until)
             return ACCEPTED
         if self.size >= self.target_group_size:
             self._drop_expired(now)
         if self.size >= self.target_group_size:
             return Refusal("full", f"the group has {self.size} of {self.target_group_size}")
-        self.joiners[peer] = _Joiner(GroupMemberInfo(peer, client_mode), wait_until)
+        self.joiners[peer] = _Joiner(info, wait_until)
         return ACCEPTED
 
     def _drop_expired(self, now: float) -> None:
@@ -356,8 +469,8 @@ class LeaderState:
 
     def finalize(self, now: float, alive: Callable[[ID], bool] = lambda _: True) -> Group | None:
         """Form the group of the leader and the joiners still waiting and
-        connected (``alive``); None (the group is disbanded) if it is smaller
-        than ``min_group_size``."""
+        connected (``alive``), with its load plan (``planner``); None (the
+        group is disbanded) if it is smaller than ``min_group_size``."""
         if self.status != "open":
             return self.group
         self._drop_expired(now)
@@ -367,7 +480,7 @@ class LeaderState:
             self.disband(f"only {self.size} member(s); at least {self.min_group_size} needed")
             return None
         self.group = make_group(self.run_id, self.epoch, self.leader,
-                                (j.info for j in self.joiners.values()))
+                                (j.info for j in self.joiners.values()), self.planner)
         self.status = "finalized"
         return self.group
 
@@ -409,9 +522,10 @@ class MatchmakingRound:
     """
 
     def __init__(self, run_id: str, epoch: int, me: GroupMemberInfo, target_group_size: int,
-                 min_group_size: int) -> None:
+                 min_group_size: int, planner: Planner = plan_fractions) -> None:
         self.run_id, self.epoch, self.me = run_id, epoch, me
         self.target_group_size, self.min_group_size = target_group_size, min_group_size
+        self.planner = planner
         self.phase = Phase.GATHERING
         self.leader: LeaderState | None = None
         self.group: Group | None = None  # the group this peer ended in
@@ -421,13 +535,16 @@ class MatchmakingRound:
         self.version += 1
 
     def on_join(self, peer: ID, client_mode: bool, target_group_size: int, wait_until: float,
-                now: float) -> Verdict:
+                now: float, *, auxiliary: bool = False, bandwidth: float | None = None,
+                reduce_rate: float | None = None) -> Verdict:
         """HOLD, ACCEPTED or a :class:`Refusal` for a join request from ``peer``."""
         if self.me.client_mode:
             return Refusal("not_leader", "a client-mode peer never leads")
         if self.phase is Phase.LEADING:
             assert self.leader is not None
-            verdict = self.leader.offer(peer, client_mode, target_group_size, wait_until, now)
+            verdict = self.leader.offer(peer, client_mode, target_group_size, wait_until, now,
+                                        auxiliary=auxiliary, bandwidth=bandwidth,
+                                        reduce_rate=reduce_rate)
             if verdict is ACCEPTED:
                 self._changed()
             return verdict
@@ -453,7 +570,7 @@ class MatchmakingRound:
         if self.phase not in (Phase.GATHERING, Phase.JOINING) or self.leader is not None:
             raise RuntimeError(f"cannot start leading in phase {self.phase.value}")
         self.leader = LeaderState(self.run_id, self.epoch, self.me, self.target_group_size,
-                                  self.min_group_size, expected, finalize_at)
+                                  self.min_group_size, expected, finalize_at, self.planner)
         self.phase = Phase.LEADING
         self._changed()
         return self.leader
@@ -485,18 +602,29 @@ class MatchmakingRound:
 
 def group_from_formed(run_id: str, epoch: int, leader: ID, me: GroupMemberInfo,
                       target_group_size: int, group_id: bytes,
-                      entries: Iterable[tuple[bytes, bool]]) -> Group:
+                      entries: Iterable[Sequence[Any]],
+                      fractions: Sequence[float] | None = None) -> Group:
     """The group a leader's answer describes, after checking everything a
-    follower can check; :class:`RemoteProtocolError` if any check fails."""
+    follower can check; :class:`RemoteProtocolError` if any check fails.
+
+    ``entries``: one tuple per member, ``(peer id bytes, client_mode[,
+    auxiliary[, bandwidth[, reduce_rate]]])`` (the omitted ones take their
+    defaults); ``fractions``: the leader's load plan, or None.
+    """
 
     def bad(why: str) -> RemoteProtocolError:
         return RemoteProtocolError(f"mm.formed from {leader}: {why}")
 
     members = []
-    for raw, client_mode in entries:
+    for raw, client_mode, *capacity in entries:
         if len(raw) > MAX_PEER_ID_SIZE or not _valid_peer_id(raw):
             raise bad("a member's peer id is not a valid multihash")
-        members.append(GroupMemberInfo(ID(raw), client_mode))
+        member = GroupMemberInfo(ID(raw), client_mode, *capacity)
+        problem = check_capacity(member.client_mode, member.auxiliary, member.bandwidth,
+                                 member.reduce_rate)
+        if problem:
+            raise bad(problem)
+        members.append(member)
     if not 1 <= len(members) <= target_group_size:
         raise bad(f"{len(members)} members; expected 1..{target_group_size}")
     if len({m.peer_id for m in members}) != len(members):
@@ -506,13 +634,19 @@ def group_from_formed(run_id: str, epoch: int, leader: ID, me: GroupMemberInfo,
     if members[0].client_mode:
         raise bad("the leader is listed as a client-mode peer")
     if me not in members:
-        raise bad("this peer is not listed (or not with its client mode)")
+        raise bad("this peer is not listed (or not as it joined: its client mode, "
+                  "auxiliary flag, bandwidth and reduce rate)")
     keys = [order_key(run_id, epoch, m.peer_id) for m in members[1:]]
     if keys != sorted(keys):
         raise bad("the members after the leader are not in order")
-    if compute_group_id(run_id, epoch, members) != group_id:
-        raise bad("the group id does not match the members")
-    return Group(group_id, run_id, epoch, tuple(members))
+    plan = None if fractions is None else tuple(fractions)
+    if plan is not None:
+        problem = check_fractions(members, plan)
+        if problem:
+            raise bad(problem)
+    if compute_group_id(run_id, epoch, members, plan) != group_id:
+        raise bad("the group id does not match the members and fractions")
+    return Group(group_id, run_id, epoch, tuple(members), plan)
 
 
 def _valid_peer_id(raw: bytes) -> bool:

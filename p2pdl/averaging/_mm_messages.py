@@ -18,7 +18,9 @@ from .config import (
     MAX_GROUP_SIZE,
     MAX_JOIN_WAIT,
     MAX_PEER_ID_SIZE,
+    MAX_RATE,
     MAX_RUN_ID_LENGTH,
+    MIN_RATE,
 )
 
 MATCHMAKING_PROTOCOL_ID = "/p2pdl/matchmaking/1.0.0"
@@ -37,28 +39,46 @@ REJECT_CODES = {
 }
 
 
+#: A bandwidth or reduce rate in bytes per second; nil: unknown.
+Rate = Annotated[float, Range(MIN_RATE, MAX_RATE)]
+#: A share of the averaged vector.
+Fraction = Annotated[float, Range(0, 1)]
+
+
 class Join(Message, tag="mm.join"):
-    """Let me into your group for this run and epoch; I wait ``wait`` seconds."""
+    """Let me into your group for this run and epoch; I wait ``wait`` seconds.
+
+    ``auxiliary``, ``bandwidth`` and ``reduce_rate`` feed the leader's load
+    plan (a client-mode peer cannot be auxiliary).
+    """
 
     run_id: Annotated[str, MaxLen(MAX_RUN_ID_LENGTH)]
     epoch: Annotated[int, Range(0, MAX_EPOCH)]
     target_group_size: Annotated[int, Range(1, MAX_GROUP_SIZE)]
     client_mode: bool
     wait: Annotated[float, Range(0, MAX_JOIN_WAIT)]
+    auxiliary: bool = False
+    bandwidth: Rate | None = None
+    reduce_rate: Rate | None = None
 
 
 class MemberEntry(Message, tag="mm.member"):
-    """One member of a formed group."""
+    """One member of a formed group, as it joined."""
 
     peer: Annotated[bytes, MaxLen(MAX_PEER_ID_SIZE)]
     client_mode: bool
+    auxiliary: bool = False
+    bandwidth: Rate | None = None
+    reduce_rate: Rate | None = None
 
 
 class Formed(Message, tag="mm.formed"):
-    """The group is final: its id and its members, the leader first."""
+    """The group is final: its id, its members (the leader first) and the
+    leader's load plan (one fraction per member, or nil)."""
 
     group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
     members: Annotated[list[MemberEntry], MaxLen(MAX_GROUP_SIZE)]
+    fractions: Annotated[list[Fraction], MaxLen(MAX_GROUP_SIZE)] | None = None
 
 
 class Rejected(Message, tag="mm.rejected"):

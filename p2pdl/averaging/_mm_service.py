@@ -13,6 +13,10 @@ The rules are in ``_matchmaking`` (sans-IO); this module does the I/O:
    refusal, a bad answer) make it try the next leader (bounded), and the
    DHT is read again when no known leader is left.
 
+A follower's ``mm.join`` carries its role and capacity (auxiliary,
+bandwidth, reduce rate); the leader solves the load plan once when it
+finalizes and sends the fractions with the group.
+
 No background task: a round runs in the caller's task; held join requests
 wait in their RPC handler tasks, bounded by the wire's ``handler_timeout``.
 """
@@ -45,6 +49,7 @@ from ._matchmaking import (
     GroupMemberInfo,
     MatchmakingRound,
     Refusal,
+    check_capacity,
     check_run,
     expected_members,
     group_from_formed,
@@ -169,14 +174,24 @@ class MatchmakingService:
 
     async def form_group(self, run_id: str, epoch: int, *, target_group_size: int | None = None,
                          matchmaking_time: float | None = None,
-                         min_group_size: int | None = None) -> Group:
+                         min_group_size: int | None = None, auxiliary: bool = False,
+                         bandwidth: float | None = None,
+                         reduce_rate: float | None = None) -> Group:
         """Form an averaging group with the other peers ready for ``epoch`` of ``run_id``.
 
         Every peer of the round calls it at about the same time (when the
         progress layer says the collaboration is ready).  Returns the
         :class:`Group` this peer is in: every member that returns it has the
-        same members in the same order and the same ``group_id``.  Arguments
-        left None take their :class:`MatchmakingConfig` value.
+        same members in the same order, the same ``fractions`` and the same
+        ``group_id``.  Arguments left None take their
+        :class:`MatchmakingConfig` value.
+
+        ``auxiliary``: this peer reduces parts but contributes no vector (a
+        client-mode node cannot be auxiliary).  ``bandwidth``: bytes per
+        second it can send and receive at once; ``reduce_rate``: bytes of
+        input it can reduce per second (each None: unknown, or in
+        ``MIN_RATE..MAX_RATE``).  They feed the leader's load plan,
+        ``group.fractions`` (protocols/matchmaking.md).
 
         Raises :class:`~p2pdl.errors.MatchmakingFailedError` when no group
         with this peer formed within ``matchmaking_time`` (or only one
@@ -192,6 +207,13 @@ class MatchmakingService:
         """
         params = self._params(run_id, epoch, target_group_size, matchmaking_time,
                               min_group_size)
+        client_mode = bool(self._reachability.client_mode)
+        problem = check_capacity(client_mode, auxiliary, bandwidth, reduce_rate)
+        if problem:
+            if client_mode and auxiliary is True:
+                problem = "auxiliary=True needs a node that accepts connections; " \
+                          "this node is in client mode"
+            raise ConfigError(f"form_group: {problem}")
         key = (run_id, epoch)
         if key in self._sessions:
             raise LocalProtocolError(f"this node already forms a group for run {run_id!r} "
@@ -199,7 +221,9 @@ class MatchmakingService:
         if len(self._sessions) >= self._config.max_rounds:
             raise LocalProtocolError(f"this node already runs {len(self._sessions)} rounds "
                                      f"(max_rounds)")
-        me = GroupMemberInfo(self._host.peer_id, bool(self._reachability.client_mode))
+        me = GroupMemberInfo(self._host.peer_id, client_mode, auxiliary,
+                             None if bandwidth is None else float(bandwidth),
+                             None if reduce_rate is None else float(reduce_rate))
         session = _Session(MatchmakingRound(run_id, epoch, me, params.target_group_size,
                                             params.min_group_size))
         self._sessions[key] = session
@@ -319,6 +343,7 @@ class MatchmakingService:
     async def _lead(self, session: _Session, expected: frozenset[ID] | None, params: _Params,
                     deadline: float, notes: list[str]) -> Group | None:
         round_ = session.round
+        _load_planner()  # before the join window starts: the first import takes ~0.5 s
         now = trio.current_time()
         finalize_at = min(now + params.join_window, deadline - REPLY_MARGIN)
         state = round_.lead(expected, finalize_at)
@@ -348,8 +373,9 @@ class MatchmakingService:
         if wait <= 2 * REPLY_MARGIN:
             notes.append("no time left to join")
             return "failed"
-        request = Join(round_.run_id, round_.epoch, params.target_group_size,
-                       round_.me.client_mode, wait)
+        me = round_.me
+        request = Join(round_.run_id, round_.epoch, params.target_group_size, me.client_mode,
+                       wait, me.auxiliary, me.bandwidth, me.reduce_rate)
         self._counters["joins_sent"] += 1
         logger.debug("matchmaking %s/%d: asking %s to join", round_.run_id, round_.epoch, leader)
         try:
@@ -364,9 +390,11 @@ class MatchmakingService:
             return reply.code
         assert isinstance(reply, Formed)
         try:
-            return group_from_formed(round_.run_id, round_.epoch, leader, round_.me,
+            return group_from_formed(round_.run_id, round_.epoch, leader, me,
                                      params.target_group_size, reply.group_id,
-                                     [(m.peer, m.client_mode) for m in reply.members])
+                                     [(m.peer, m.client_mode, m.auxiliary, m.bandwidth,
+                                       m.reduce_rate) for m in reply.members],
+                                     reply.fractions)
         except RemoteProtocolError as exc:
             self._counters["bad_answers"] += 1
             notes.append(f"{_short(leader)}: bad answer")
@@ -386,6 +414,8 @@ class MatchmakingService:
         """
         assert isinstance(request, Join)
         problem = check_run(request.run_id, request.epoch)
+        problem = problem or check_capacity(request.client_mode, request.auxiliary,
+                                            request.bandwidth, request.reduce_rate)
         if problem:
             raise RemoteProtocolError(f"mm.join from {ctx.peer_id}: {problem}")
         self._counters["joins_received"] += 1
@@ -411,7 +441,10 @@ class MatchmakingService:
                     if not accepted:
                         verdict = round_.on_join(peer, request.client_mode,
                                                  request.target_group_size, wait_until,
-                                                 trio.current_time())
+                                                 trio.current_time(),
+                                                 auxiliary=request.auxiliary,
+                                                 bandwidth=request.bandwidth,
+                                                 reduce_rate=request.reduce_rate)
                         if isinstance(verdict, Refusal):
                             return _rejected(verdict)
                         if verdict is ACCEPTED:
@@ -453,8 +486,26 @@ def _rejected(refusal: Refusal) -> Rejected:
 def _reply(outcome: Group | Refusal) -> Message:
     if isinstance(outcome, Refusal):
         return _rejected(outcome)
-    return Formed(outcome.group_id, [MemberEntry(m.peer_id.to_bytes(), m.client_mode)
-                                     for m in outcome.members])
+    members = [MemberEntry(m.peer_id.to_bytes(), m.client_mode, m.auxiliary, m.bandwidth,
+                           m.reduce_rate) for m in outcome.members]
+    fractions = None if outcome.fractions is None else list(outcome.fractions)
+    return Formed(outcome.group_id, members, fractions)
+
+
+_planner_loaded = False
+
+
+def _load_planner() -> None:
+    """Import the load plan's solver (scipy) once, so that a leader's first
+    finalization does not pay for it (it blocks for ~0.5 s, once per process).
+    A missing scipy is fine: the plan falls back to equal shares."""
+    global _planner_loaded
+    if not _planner_loaded:
+        _planner_loaded = True
+        try:
+            import scipy.optimize  # noqa: F401, PLC0415
+        except ImportError:
+            logger.warning("scipy is not installed: groups' load plans are equal shares")
 
 
 def _short(peer: ID) -> str:

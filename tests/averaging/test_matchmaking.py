@@ -27,6 +27,7 @@ from p2pdl.averaging import (
     plan_groups,
     round_key,
 )
+from p2pdl.averaging._matchmaking import plan_fractions
 from p2pdl.averaging._mm_messages import Formed, Join, MemberEntry, Rejected
 from p2pdl.errors import (
     ConfigError,
@@ -86,7 +87,8 @@ def groups_of(nodes, results) -> dict[bytes, Group]:
         assert nodes[i].peer_id in result.peer_ids
         assert groups.setdefault(result.group_id, result) == result  # identical, in order
     for group in groups.values():
-        assert group.group_id == compute_group_id(group.run_id, group.epoch, group.members)
+        assert group.group_id == compute_group_id(group.run_id, group.epoch, group.members,
+                                                  group.fractions)
         assert not group.members[0].client_mode  # the leader accepts connections
         members = {n.peer_id: i for i, n in enumerate(nodes)}
         for peer_id in group.peer_ids:
@@ -146,6 +148,49 @@ async def test_client_mode_peers_join_groups_and_never_lead():
         reply = await servers[0].call(clients[0].peer_id, MATCHMAKING_PROTOCOL,
                                       Join(run_id, 1, 4, False, 5.0))
         assert isinstance(reply, Rejected) and reply.code in ("not_leader", "unknown_run")
+        # Nobody can send a client parts to reduce: it cannot be auxiliary.
+        with pytest.raises(ConfigError, match="client mode"):
+            await clients[0].matchmaking.form_group(run_id, 2, auxiliary=True)
+
+
+async def test_members_capacities_give_every_member_the_leaders_load_plan():
+    config = mm_config(loopback_config(), target_group_size=4, matchmaking_time=10)
+    client_config = dataclasses.replace(config, nat=ReachabilityConfig(client_mode=True))
+    async with open_nodes(3, config) as servers, p2pdl.open_node(NodeConfig.build(
+            client_config, initial_peers=servers[0].addrs[:1])) as client:
+        await wait_for_dht(servers)
+        await wait_for_dht([client], contacts=2)
+        slow, fast, aux = servers
+        nodes = [slow, fast, aux, client]
+        declared = {slow.peer_id: dict(bandwidth=5e7),
+                    fast.peer_id: dict(bandwidth=4e8, reduce_rate=1e9),
+                    aux.peer_id: dict(auxiliary=True, bandwidth=1e8),
+                    client.peer_id: dict(bandwidth=1e8)}
+        results: dict[int, Group | Exception] = {}
+
+        async def one(i, node):
+            results[i] = await node.matchmaking.form_group("capacities", 1,
+                                                           **declared[node.peer_id])
+
+        async with trio.open_nursery() as nursery:
+            for i, node in enumerate(nodes):
+                nursery.start_soon(one, i, node)
+        groups = groups_of(nodes, results)
+        assert len(groups) == 1
+        group = next(iter(groups.values()))
+        assert set(group.peer_ids) == {n.peer_id for n in nodes}
+        assert {results[i].fractions for i in range(4)} == {group.fractions}  # the same floats
+        for member in group.members:  # every member as it declared itself
+            wanted = {"auxiliary": False, "bandwidth": None, "reduce_rate": None,
+                      **declared[member.peer_id]}
+            assert {k: getattr(member, k) for k in wanted} == wanted
+        fractions = dict(zip(group.peer_ids, group.fractions, strict=True))
+        assert fractions[client.peer_id] == 0.0
+        assert fractions[fast.peer_id] == max(fractions.values())
+        assert fractions[fast.peer_id] > fractions[slow.peer_id]
+        assert abs(sum(group.fractions) - 1) < 1e-9
+        assert group.fractions == plan_fractions(group.members)
+        assert group.capacities()[group.index_of(client.peer_id)].client
 
 
 async def read_json_line(stream, buffer: bytearray) -> dict:
@@ -288,6 +333,7 @@ async def test_join_requests_are_answered_by_the_documented_codes():
         assert formed.group_id == group.group_id
         assert [MemberEntry(leader.peer_id.to_bytes(), False),
                 MemberEntry(asker.peer_id.to_bytes(), False)] == formed.members
+        assert tuple(formed.fractions) == group.fractions and sum(group.fractions) == 1
         assert (await join()).code == "finalized"  # the round is over
         stats = leader.matchmaking.statistics()
         assert stats["joins_accepted"] == 1 and stats["led"] == 1
@@ -328,7 +374,7 @@ async def test_a_group_below_the_minimum_fails_for_every_member():
         assert group.peer_ids == (nodes[0].peer_id,)
 
 
-async def test_forged_answers_are_refused_and_the_liar_keeps_serving():
+async def test_forged_answers_are_refused_and_the_liar_keeps_serving(caplog):
     config = mm_config(target_group_size=2, matchmaking_time=4, join_window=1)
     async with open_nodes(2, config) as nodes:
         await wait_for_dht(nodes)
@@ -349,6 +395,20 @@ async def test_forged_answers_are_refused_and_the_liar_keeps_serving():
         with pytest.raises(MatchmakingFailedError, match="bad answer"):
             await victim.matchmaking.form_group(run_id, 1)
         assert victim.matchmaking.statistics()["bad_answers"] == 1
+
+        async def lie_about_fractions(peer, request):
+            # A consistent id, but fractions that do not sum to 1.
+            members = [GroupMemberInfo(liar.peer_id), GroupMemberInfo(peer)]
+            fractions = [0.5, 0.25]
+            return Formed(compute_group_id(run_id, 1, members, fractions),
+                          [MemberEntry(m.peer_id.to_bytes(), False) for m in members],
+                          fractions)
+
+        liar.matchmaking._answer = lie_about_fractions
+        with pytest.raises(MatchmakingFailedError, match="bad answer"):
+            await victim.matchmaking.form_group(run_id, 1)  # the same round once more
+        assert victim.matchmaking.statistics()["bad_answers"] == 2
+        assert "the fractions sum to 0.75" in caplog.text
         # The liar's node still serves: honest again, the next round forms.
         liar.matchmaking._answer = honest
         results = await form_all(nodes, run_id, epoch=2)
@@ -383,6 +443,13 @@ async def test_malformed_join_requests_reset_only_their_stream():
         await raw(frame_header(FrameKind.MESSAGE, len(negative)) + negative)
         with pytest.raises((StreamClosedError, RemoteError)):
             await attacker.call(server.peer_id, MATCHMAKING_PROTOCOL, Join("", 1, 2, False, 1.0))
+        with pytest.raises((StreamClosedError, RemoteError)):  # a client cannot be auxiliary
+            await attacker.call(server.peer_id, MATCHMAKING_PROTOCOL,
+                                Join("r", 1, 2, True, 1.0, auxiliary=True))
+        too_fast = msgpack.packb(["mm.join", 1, {"run_id": "r", "epoch": 1,
+                                                 "target_group_size": 2, "client_mode": False,
+                                                 "wait": 1.0, "bandwidth": 1e13}])
+        await raw(frame_header(FrameKind.MESSAGE, len(too_fast)) + too_fast)
         # The server keeps serving everyone, the attacker included.
         results = await form_all([server, honest], "after-attack")
         assert len(groups_of([server, honest], results)) == 1
@@ -400,7 +467,13 @@ async def test_bad_arguments_are_clear_errors():
                 (("r", 1), {"min_group_size": 0}, "min_group_size"),
                 (("r", 1), {"target_group_size": 2, "min_group_size": 3}, "min_group_size"),
                 (("r", 1), {"matchmaking_time": 0}, "matchmaking_time"),
-                (("r", 1), {"matchmaking_time": float("inf")}, "matchmaking_time")]:
+                (("r", 1), {"matchmaking_time": float("inf")}, "matchmaking_time"),
+                (("r", 1), {"bandwidth": 0}, "bandwidth"),
+                (("r", 1), {"bandwidth": float("nan")}, "bandwidth"),
+                (("r", 1), {"bandwidth": 1e13}, "bandwidth"),
+                (("r", 1), {"bandwidth": "fast"}, "bandwidth"),
+                (("r", 1), {"reduce_rate": -1.0}, "reduce_rate"),
+                (("r", 1), {"auxiliary": "yes"}, "auxiliary")]:
             with pytest.raises(ConfigError, match=match):
                 await form(*args, **kwargs)
         async with trio.open_nursery() as nursery:

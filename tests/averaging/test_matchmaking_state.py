@@ -23,17 +23,24 @@ from p2pdl.averaging import (
     order_key,
     plan_groups,
 )
+from p2pdl.averaging._balancing import PeerCapacity
 from p2pdl.averaging._matchmaking import (
     ACCEPTED,
+    FRACTION_TOLERANCE,
     HOLD,
+    Group,
     Phase,
     Refusal,
+    check_capacity,
+    check_fractions,
     check_run,
     expected_members,
     group_from_formed,
     make_group,
+    member_capacities,
+    plan_fractions,
 )
-from p2pdl.errors import ConfigError, RemoteProtocolError
+from p2pdl.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,14 +68,22 @@ def test_order_key_and_group_id_are_the_documented_hashes():
     assert order_key(RUN, EPOCH, p) == hashlib.sha256(
         msgpack.packb([ORDER_DOMAIN, RUN, EPOCH, p.to_bytes()], use_bin_type=True)).digest()
     group = [GroupMemberInfo(peer(1)), GroupMemberInfo(peer(2), True)]
+    entries = [[peer(1).to_bytes(), False, False], [peer(2).to_bytes(), True, False]]
     assert compute_group_id(RUN, EPOCH, group) == hashlib.sha256(msgpack.packb(
-        [GROUP_ID_DOMAIN, RUN, EPOCH, [[peer(1).to_bytes(), False], [peer(2).to_bytes(), True]]],
-        use_bin_type=True)).digest()
-    # Any change of run, epoch, order or client mode changes the id.
+        [GROUP_ID_DOMAIN, RUN, EPOCH, entries, None], use_bin_type=True)).digest()
+    assert compute_group_id(RUN, EPOCH, group, (1.0, 0.0)) == hashlib.sha256(msgpack.packb(
+        [GROUP_ID_DOMAIN, RUN, EPOCH, entries, [1.0, 0.0]], use_bin_type=True)).digest()
+    # Any change of run, epoch, order, client mode, auxiliary flag or fractions changes it.
     ids = {compute_group_id(RUN, EPOCH, group), compute_group_id("run-b", EPOCH, group),
            compute_group_id(RUN, EPOCH + 1, group), compute_group_id(RUN, EPOCH, group[::-1]),
-           compute_group_id(RUN, EPOCH, [group[0], GroupMemberInfo(peer(2))])}
-    assert len(ids) == 5
+           compute_group_id(RUN, EPOCH, [group[0], GroupMemberInfo(peer(2))]),
+           compute_group_id(RUN, EPOCH, [GroupMemberInfo(peer(1), auxiliary=True), group[1]]),
+           compute_group_id(RUN, EPOCH, group, (1.0, 0.0)),
+           compute_group_id(RUN, EPOCH, group, (0.5, 0.5))}
+    assert len(ids) == 8
+    # Capacities are not covered: the fractions are what members must agree on.
+    fast = [GroupMemberInfo(peer(1), bandwidth=1e9, reduce_rate=5e8), group[1]]
+    assert compute_group_id(RUN, EPOCH, fast) == compute_group_id(RUN, EPOCH, group)
     assert order_key(RUN, EPOCH, p) != order_key(RUN, EPOCH + 1, p)
 
 
@@ -225,7 +240,8 @@ def test_a_leader_accepts_first_come_up_to_the_target_and_refuses_the_rest():
     assert group.peer_ids[0] == peer(0)
     assert set(group.peer_ids) == {peer(0), peer(1), peer(2)}
     assert group.members[group.index_of(peer(2))].client_mode is True
-    assert group.group_id == compute_group_id(RUN, EPOCH, group.members)
+    assert group.group_id == compute_group_id(RUN, EPOCH, group.members, group.fractions)
+    assert group.fractions[group.index_of(peer(2))] == 0.0  # the client reduces nothing
     assert state.outcome(peer(1)) == group
     assert state.offer(peer(3), False, 3, 5.0, now=0.5).code == "finalized"
     with pytest.raises(ValueError):
@@ -356,43 +372,187 @@ def test_two_followers_and_a_leader_wired_back_to_back_agree():
         assert rounds[target].on_join(m.peer_id, m.client_mode, 4, 9.0, 0.1) is ACCEPTED
     assert state.ready(0.2)
     group = state.finalize(0.2)
+    assert group.fractions is not None
     for m in view:
         if m.peer_id != leader:
             outcome = rounds[leader].outcome(m.peer_id)
-            entries = [(x.peer_id.to_bytes(), x.client_mode) for x in outcome.members]
             answers[m.peer_id] = group_from_formed(RUN, EPOCH, leader, m, 4, outcome.group_id,
-                                                   entries)
+                                                   wire_entries(outcome), outcome.fractions)
     assert set(answers.values()) == {group}
 
 
 # -- checking a leader's answer ----------------------------------------------------------
 
 
-def test_a_follower_accepts_only_a_consistent_answer():
-    leader, me = GroupMemberInfo(peer(0)), GroupMemberInfo(peer(1), True)
-    group = make_group(RUN, EPOCH, leader, [me, GroupMemberInfo(peer(2))])
-    entries = [(m.peer_id.to_bytes(), m.client_mode) for m in group.members]
+def wire_entries(group: Group) -> list[tuple]:
+    """The members of ``group`` as a leader's answer lists them."""
+    return [(m.peer_id.to_bytes(), m.client_mode, m.auxiliary, m.bandwidth, m.reduce_rate)
+            for m in group.members]
 
-    def check(entries=entries, group_id=group.group_id, target=4, who=me, lead=peer(0)):
-        return group_from_formed(RUN, EPOCH, lead, who, target, group_id, entries)
+
+def test_a_follower_accepts_only_a_consistent_answer():
+    leader, me = GroupMemberInfo(peer(0), bandwidth=4e8), GroupMemberInfo(peer(1), True)
+    group = make_group(RUN, EPOCH, leader, [me, GroupMemberInfo(peer(2), bandwidth=1e8)])
+    entries = wire_entries(group)
+    fractions = group.fractions
+    assert fractions is not None and fractions[group.index_of(peer(1))] == 0.0
+
+    def check(entries=entries, group_id=group.group_id, target=4, who=me, lead=peer(0),
+              fractions=fractions):
+        return group_from_formed(RUN, EPOCH, lead, who, target, group_id, entries, fractions)
 
     assert check() == group
+    assert check(entries=[e[:2] for e in entries], fractions=None,
+                 group_id=compute_group_id(RUN, EPOCH, group.members)).fractions is None
+    mine = group.index_of(peer(1))
     bad = {
         "group id": dict(group_id=b"\0" * 32),
         "not listed": dict(who=GroupMemberInfo(peer(7))),
         "client mode": dict(who=GroupMemberInfo(peer(1), False)),
+        "my bandwidth": dict(who=GroupMemberInfo(peer(1), True, bandwidth=1e6)),
         "too many": dict(target=2),
         "not the leader": dict(lead=peer(2)),
         "twice": dict(entries=entries + [entries[1]]),
         "order": dict(entries=[entries[0], entries[2], entries[1]]),
         "leader client": dict(entries=[(entries[0][0], True), *entries[1:]]),
+        "client and auxiliary": dict(entries=[
+            e if i != mine else (e[0], True, True, *e[3:]) for i, e in enumerate(entries)]),
+        "auxiliary not covered": dict(entries=[(*entries[0][:2], True, *entries[0][3:]),
+                                               *entries[1:]]),
         "bad id": dict(entries=[entries[0], (b"\xff\xff", False)]),
         "empty": dict(entries=[]),
+        "fractions dropped": dict(fractions=None),
+        "fractions changed": dict(fractions=tuple(reversed(fractions))),
     }
     for name, changes in bad.items():
         with pytest.raises(RemoteProtocolError):
             check(**changes)
         assert name  # each case is its own
+
+
+def test_a_follower_refuses_bad_fractions_even_under_a_matching_id():
+    """The id covers the fractions, but a leader can hash bad ones: they are checked."""
+    leader, me, client = (GroupMemberInfo(peer(0)), GroupMemberInfo(peer(1)),
+                          GroupMemberInfo(peer(2), True))
+    group = make_group(RUN, EPOCH, leader, [me, client], planner=lambda _: None)
+    entries = wire_entries(group)
+    client_at = group.index_of(peer(2))
+
+    def with_fractions(fractions):
+        group_id = compute_group_id(RUN, EPOCH, group.members, fractions)
+        return group_from_formed(RUN, EPOCH, peer(0), me, 4, group_id, entries, fractions)
+
+    good = [0.25, 0.25, 0.25]
+    good[client_at] = 0.0
+    good[next(i for i in range(3) if i != client_at)] = 0.75
+    assert with_fractions(tuple(good)).fractions == tuple(good)
+    to_client = list(good)
+    to_client[client_at] = 0.25
+    to_client[next(i for i in range(3) if i != client_at)] = 0.5
+    for fractions in [(0.5, 0.5), (0.25, 0.25, 0.25, 0.25), tuple(to_client),
+                      tuple(f * 0.9 for f in good), tuple(-f if f else 1.0 for f in good),
+                      tuple(float("nan") if f else 0.0 for f in good),
+                      tuple(1 if f == 0.75 else f for f in good)]:
+        with pytest.raises(RemoteProtocolError):
+            with_fractions(fractions)
+    # The tolerance: a sum off by less than FRACTION_TOLERANCE passes.
+    close = tuple(f + FRACTION_TOLERANCE / 4 if f else 0.0 for f in good)
+    assert with_fractions(close).fractions == close
+
+
+def test_checks_of_capacities_and_fractions():
+    assert check_capacity(False, False, None, None) is None
+    assert check_capacity(False, True, 1e8, 5e7) is None
+    assert check_capacity(True, False, 1.0, 1e12) is None
+    for args in [(True, True, None, None), (False, "yes", None, None), (False, 1, None, None),
+                 (False, False, 0, None), (False, False, -5.0, None),
+                 (False, False, float("nan"), None), (False, False, float("inf"), None),
+                 (False, False, 1e13, None), (False, False, None, 0.5),
+                 (False, False, "fast", None), (False, False, True, None)]:
+        assert check_capacity(*args), args
+    two = [GroupMemberInfo(peer(0)), GroupMemberInfo(peer(1), True)]
+    assert check_fractions(two, (1.0, 0.0)) is None
+    assert "client-mode" in check_fractions(two, (0.5, 0.5))
+    assert "fractions for" in check_fractions(two, (1.0,))
+    assert "sum" in check_fractions(two, (0.9, 0.0))
+    assert "float" in check_fractions(two, (1, 0.0))
+
+
+# -- the load plan -----------------------------------------------------------------------
+
+
+def test_capacities_fill_unknown_bandwidths_with_the_mean_of_the_known():
+    group = [GroupMemberInfo(peer(0), bandwidth=1e8), GroupMemberInfo(peer(1), bandwidth=3e8),
+             GroupMemberInfo(peer(2), True), GroupMemberInfo(peer(3), auxiliary=True,
+                                                             reduce_rate=5e7)]
+    assert member_capacities(group) == [
+        PeerCapacity(1e8), PeerCapacity(3e8), PeerCapacity(2e8, client=True),
+        PeerCapacity(2e8, 5e7, auxiliary=True)]
+    assert [c.bandwidth for c in member_capacities(members(3))] == [1.0] * 3
+    made = make_group(RUN, EPOCH, group[0], group[1:])
+    assert made.capacities() == member_capacities(made.members)
+
+
+def test_the_leaders_plan_favours_fast_members_and_gives_clients_nothing():
+    group = [GroupMemberInfo(peer(0), bandwidth=1e8), GroupMemberInfo(peer(1), bandwidth=4e8),
+             GroupMemberInfo(peer(2), True, bandwidth=1e8)]
+    fractions = plan_fractions(group)
+    assert len(fractions) == 3 and math.isclose(math.fsum(fractions), 1, abs_tol=1e-12)
+    assert fractions[2] == 0.0 and fractions[1] > fractions[0]
+    assert all(type(f) is float for f in fractions)
+    # Unknown capacities: equal shares among those that can reduce.
+    same = plan_fractions([*members(3), GroupMemberInfo(peer(3), True)])
+    assert same[3] == 0.0 and all(math.isclose(f, 1 / 3, rel_tol=1e-5) for f in same[:3])
+    # A compute-bound fast peer shares its load.
+    fast_link = [GroupMemberInfo(peer(0), bandwidth=1e8), GroupMemberInfo(peer(1), bandwidth=4e8),
+                 GroupMemberInfo(peer(2), bandwidth=1e8)]
+    assert plan_fractions(fast_link) == (0.0, 1.0, 0.0)
+    fast_link[1] = GroupMemberInfo(peer(1), bandwidth=4e8, reduce_rate=1e8)
+    slow_cpu = plan_fractions(fast_link)
+    assert 0 < slow_cpu[0] < slow_cpu[1] < 1 and slow_cpu[2] > 0
+    # Nobody contributes a vector: no plan.
+    assert plan_fractions([GroupMemberInfo(peer(0), auxiliary=True)]) is None
+    assert plan_fractions([]) is None
+    assert plan_fractions(members(1)) == (1.0,)
+
+
+def test_the_plan_falls_back_to_equal_shares_when_the_program_fails(monkeypatch):
+    import p2pdl.averaging._matchmaking as mm
+
+    def broken(peers, vector_bytes):
+        raise LocalProtocolError("the load-balancing program failed: infeasible")
+
+    monkeypatch.setattr(mm, "plan_load", broken)
+    group = [GroupMemberInfo(peer(0), bandwidth=1e8), GroupMemberInfo(peer(1), bandwidth=4e8),
+             GroupMemberInfo(peer(2), True), GroupMemberInfo(peer(3), auxiliary=True)]
+    assert plan_fractions(group) == (1 / 3, 1 / 3, 0.0, 1 / 3)
+
+
+def test_a_leader_plans_with_the_capacities_its_joiners_declared():
+    state = LeaderState(RUN, EPOCH, GroupMemberInfo(peer(0), bandwidth=1e8), 4, 2, None, 5.0)
+    assert state.offer(peer(1), False, 4, 9.0, 0.0, bandwidth=1e6) is ACCEPTED
+    # A repeated request updates what the joiner declared.
+    assert state.offer(peer(1), False, 4, 9.0, 0.1, bandwidth=8e8, reduce_rate=1e12) is ACCEPTED
+    assert state.offer(peer(2), True, 4, 9.0, 0.2, bandwidth=1e7) is ACCEPTED
+    assert state.offer(peer(3), False, 4, 9.0, 0.3, auxiliary=True) is ACCEPTED
+    group = state.finalize(1.0)
+    joined = group.members[group.index_of(peer(1))]
+    assert (joined.bandwidth, joined.reduce_rate) == (8e8, 1e12)
+    assert group.members[group.index_of(peer(3))].auxiliary
+    assert group.fractions == plan_fractions(group.members)
+    assert group.fractions[group.index_of(peer(2))] == 0.0
+    assert group.fractions[group.index_of(peer(1))] == max(group.fractions)
+    assert group.group_id == compute_group_id(RUN, EPOCH, group.members, group.fractions)
+    # Through a round, and with a planner of one's own.
+    round_ = MatchmakingRound(RUN, EPOCH, GroupMemberInfo(peer(0)), 4, 2,
+                              planner=lambda ms: tuple(1.0 if i == 0 else 0.0
+                                                       for i in range(len(ms))))
+    round_.lead(None, 5.0)
+    assert round_.on_join(peer(1), False, 4, 9.0, 0.0, auxiliary=True, bandwidth=2e8,
+                          reduce_rate=3e8) is ACCEPTED
+    group = round_.leader.finalize(5.0)
+    assert group.members[1] == GroupMemberInfo(peer(1), False, True, 2e8, 3e8)
+    assert group.fractions == (1.0, 0.0)
 
 
 def test_run_ids_and_epochs_are_checked():

@@ -1,4 +1,5 @@
-"""Progress and matchmaking from sync and asyncio code (Node.progress, node.aio.progress)."""
+"""Progress, matchmaking and averaging from sync and asyncio code (Node.progress,
+node.aio.progress, ...)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ def test_sync_nodes_track_progress_and_form_a_group():
             groups = list(pool.map(lambda n: n.matchmaking.form_group(
                 "sync-run", 1, matchmaking_time=10), (a, b)))
         assert groups[0] == groups[1] and len(groups[0]) == 2
+        # the group from matchmaking averages (its members' addresses came with it)
+        import torch
+        values = {a: [torch.full((1000,), 1.0)], b: [torch.full((1000,), 4.0)]}
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda n: n.averaging.all_reduce(
+                groups[0], values[n], weight=2.0 if n is a else 1.0, inplace=True), (a, b)))
+        assert all(r.completed for r in results)
+        assert torch.allclose(values[a][0], torch.full((1000,), 2.0))
+        assert torch.equal(values[a][0], values[b][0])
+        assert a.averaging.statistics()["completed"] == 1
 
 
 def test_asyncio_faces():
@@ -64,5 +75,11 @@ def test_asyncio_faces():
             groups = await asyncio.gather(a.aio.matchmaking.form_group("aio-run", 0),
                                           b.aio.matchmaking.form_group("aio-run", 0))
             assert groups[0] == groups[1] and len(groups[0]) == 2
+            import torch
+            results = await asyncio.gather(
+                a.aio.averaging.all_reduce(groups[0], [torch.zeros(10)]),
+                b.aio.averaging.all_reduce(groups[0], [torch.ones(10)]))
+            assert all(r.completed for r in results)
+            assert torch.equal(results[0].tensors[0], torch.full((10,), 0.5))
 
     asyncio.run(main())

@@ -1,0 +1,523 @@
+"""The butterfly all-reduce, sans-IO: the layout every member computes, the
+reducer of one part, the receiver of one part's averages, and the results.
+
+No trio and no sockets: time is passed in, tensors are plain torch tensors.
+``_ar_service`` moves the bytes (protocols/allreduce.md).
+
+* :class:`Layout` -- the averaged vector (the caller's tensors, flattened to
+  float32 and concatenated), cut into one contiguous **part** per member by
+  the plan's fractions, each part cut into **chunks**: at tensor boundaries
+  (each tensor has its codec) and every ``chunk_values`` values.  Members
+  check that they agree through its ``digest``.
+* :class:`PartReducer` -- a reducer's state for its part: the weighted sum
+  of its own values and every sender's chunks, which sender delivered what,
+  exclusions (``sender_timeout``, broken streams), and the averaged chunks,
+  final in order as soon as every sender still counted has delivered them.
+* :class:`PartReceiver` -- a sender's state for one remote part: the
+  averaged chunks arriving in order, checked and decoded into the output,
+  then the reducer's account of who contributed.
+* :class:`AllReduceResult`, :class:`PartResult`, :class:`Contribution`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from ..errors import LocalProtocolError, RemoteProtocolError
+from ..wire import TensorHeader
+from ._ar_messages import MAX_SEGMENTS, Segment
+from ._balancing import part_sizes
+from ._codecs import Codec, CodecPolicy, choose_codec, codec_from_header
+
+if TYPE_CHECKING:
+    import torch
+    from libp2p.peer.id import ID
+
+    from ._matchmaking import Group
+
+__all__ = ["ChunkSpec", "Layout", "PartReducer", "PartReceiver", "SenderState",
+           "RejectError", "Contribution", "PartResult", "AllReduceResult", "LAYOUT_VERSION",
+           "default_fractions"]
+
+#: Version of the layout rules; part of the digest.
+LAYOUT_VERSION = 1
+#: The error of the parts an auxiliary member does not reduce (it gets no averages).
+AUXILIARY_NO_RESULT = "auxiliary peers receive no results"
+
+
+class RejectError(Exception):
+    """A reducer refuses a sender: ``code`` is one of ``REJECT_CODES``."""
+
+    def __init__(self, code: str, detail: str = "") -> None:
+        super().__init__(f"{code}: {detail}" if detail else code)
+        self.code = code
+        self.detail = detail
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkSpec:
+    """One chunk: values ``[start, start + count)`` of the flat vector, in part
+    ``part`` (whose first value is ``part_start``), ``index``-th of its part."""
+
+    part: int
+    index: int
+    start: int
+    count: int
+    part_start: int
+    part_numel: int
+    codec: Codec
+
+    @property
+    def end(self) -> int:
+        return self.start + self.count
+
+    def header(self) -> TensorHeader:
+        """The TENSOR header this chunk travels with (both directions)."""
+        return TensorHeader(self.part, "float32", (self.part_numel,),
+                            self.start - self.part_start, self.count, self.codec.name,
+                            self.codec.meta())
+
+    def check(self, header: TensorHeader) -> Codec:
+        """Raise RemoteProtocolError unless ``header`` is exactly this chunk's."""
+        if (header.part != self.part or header.dtype != "float32"
+                or tuple(header.shape) != (self.part_numel,)
+                or header.offset != self.start - self.part_start or header.count != self.count):
+            raise RemoteProtocolError(
+                f"expected chunk {self.index} of part {self.part} (values "
+                f"[{self.start - self.part_start}, +{self.count}) of {self.part_numel}, "
+                f"float32), got part {header.part} [{header.offset}, +{header.count}) of "
+                f"{tuple(header.shape)} {header.dtype}")
+        codec = codec_from_header(header.codec, header.meta)
+        if codec != self.codec:
+            raise RemoteProtocolError(f"chunk {self.index} of part {self.part} travels as "
+                                      f"{self.codec.name}, got {header.codec}")
+        return codec
+
+
+class Layout:
+    """How the averaged vector is cut.  Every member computes the same layout
+    from the same inputs; ``digest`` (SHA-256) lets them check.
+
+    ``sizes``: values per tensor, in order.  ``codecs``: one per tensor.
+    ``fractions``: one per group member (the plan), at least one positive.
+    """
+
+    def __init__(self, sizes: Sequence[int], codecs: Sequence[Codec],
+                 fractions: Sequence[float], chunk_values: int) -> None:
+        if len(sizes) != len(codecs):
+            raise LocalProtocolError("one codec per tensor")
+        if chunk_values < 1:
+            raise LocalProtocolError("chunk_values must be positive")
+        self.sizes = tuple(int(s) for s in sizes)
+        self.codecs = tuple(codecs)
+        self.fractions = tuple(float(f) for f in fractions)
+        self.chunk_values = int(chunk_values)
+        self.numel = sum(self.sizes)
+        counts = part_sizes(self.numel, self.fractions)
+        bounds = []
+        start = 0
+        for count in counts:
+            bounds.append((start, start + count))
+            start += count
+        self.part_bounds: tuple[tuple[int, int], ...] = tuple(bounds)
+        tensor_starts = [0]
+        for size in self.sizes:
+            tensor_starts.append(tensor_starts[-1] + size)
+        self.tensor_starts = tuple(tensor_starts)
+        self.chunks: tuple[tuple[ChunkSpec, ...], ...] = tuple(
+            self._cut(part, lo, hi) for part, (lo, hi) in enumerate(self.part_bounds))
+        self.digest = hashlib.sha256(msgpack.packb(
+            [LAYOUT_VERSION, list(self.sizes), [[c.name, c.meta()] for c in self.codecs],
+             list(self.fractions), self.chunk_values])).digest()
+
+    @classmethod
+    def for_tensors(cls, sizes: Sequence[int], fractions: Sequence[float],
+                    policy: CodecPolicy, chunk_values: int) -> Layout:
+        return cls(sizes, [choose_codec(size, policy) for size in sizes], fractions,
+                   chunk_values)
+
+    def _cut(self, part: int, lo: int, hi: int) -> tuple[ChunkSpec, ...]:
+        chunks: list[ChunkSpec] = []
+        position = lo
+        tensor = 0
+        while position < hi:
+            while self.tensor_starts[tensor + 1] <= position:
+                tensor += 1
+            end = min(hi, self.tensor_starts[tensor + 1], position + self.chunk_values)
+            chunks.append(ChunkSpec(part, len(chunks), position, end - position, lo, hi - lo,
+                                    self.codecs[tensor]))
+            position = end
+        return tuple(chunks)
+
+    def part_numel(self, part: int) -> int:
+        lo, hi = self.part_bounds[part]
+        return hi - lo
+
+    def encoded_bytes(self, part: int) -> int:
+        """Bytes of one copy of ``part`` on the wire (payloads only)."""
+        return sum(c.codec.encoded_size(c.count) for c in self.chunks[part])
+
+
+def default_fractions(group: Group) -> tuple[float, ...]:
+    """The plan of a group: the leader's fractions if it sent them, else
+    equal shares among the members that accept connections."""
+    if group.fractions is not None:
+        return tuple(group.fractions)
+    reducers = [not m.client_mode for m in group.members]
+    if not any(reducers):
+        raise LocalProtocolError("every member of the group is in client mode: nobody can "
+                                 "reduce")
+    share = 1.0 / sum(reducers)
+    return tuple(share if r else 0.0 for r in reducers)
+
+
+class SenderState(enum.Enum):
+    WAITING = "waiting"      # no ar.begin yet
+    STREAMING = "streaming"  # sending its chunks
+    DONE = "done"            # sent every chunk (or has weight 0)
+    EXCLUDED = "excluded"    # later than sender_timeout: its further chunks are ignored
+    FAILED = "failed"        # its stream broke or it broke the protocol
+
+
+_FINISHED = (SenderState.DONE, SenderState.EXCLUDED, SenderState.FAILED)
+
+
+@dataclasses.dataclass
+class _Sender:
+    index: int
+    state: SenderState = SenderState.WAITING
+    weight: float = 0.0
+    want_result: bool = False
+    next_chunk: int = 0
+    last_activity: float = 0.0
+    reason: str = ""
+
+
+class PartReducer:
+    """A reducer's part: the weighted sum, then the averages, chunk by chunk.
+
+    ``senders``: the member indices expected to send (every member that
+    contributes, this one excluded).  ``local``: this member's own values of
+    the part (float32, 1-D) and ``local_weight`` their weight; with weight 0
+    they count for nothing (an auxiliary peer).
+
+    Chunk ``k`` is **final** once every expected sender has delivered it or
+    is finished (done, excluded, failed): its average is the weighted mean of
+    its contributors; with no positive weight at all it is the reducer's own
+    values (zeros for an auxiliary reducer), so nothing is ever NaN.
+    :meth:`finalize` computes the averages of the chunks that became final
+    and returns them in order; each is then sent to every sender that wants
+    results, and this member's own copy goes through the same codec so that
+    every member holds the very same values.
+    """
+
+    def __init__(self, layout: Layout, part: int, senders: Sequence[int],
+                 local: torch.Tensor, local_weight: float, me: int, now: float,
+                 sender_timeout: float) -> None:
+        import torch
+
+        self.layout = layout
+        self.part = part
+        self.me = me
+        self.chunks = layout.chunks[part]
+        self.sender_timeout = sender_timeout
+        self.local = local
+        self.local_weight = float(local_weight)
+        self.sum = torch.empty_like(local)
+        if self.local_weight > 0:
+            torch.mul(local, self.local_weight, out=self.sum)
+        else:
+            self.sum.zero_()
+        mine = [me] if self.local_weight > 0 else []
+        self.weights = [self.local_weight] * len(self.chunks)
+        self.contributors: list[list[int]] = [list(mine) for _ in self.chunks]
+        self.senders = {s: _Sender(s, last_activity=now) for s in senders if s != me}
+        self.final = 0                      # chunks [0, final) are averaged
+        self.payloads: list[memoryview] = []  # the averaged chunks as they travel
+
+    # -- events -----------------------------------------------------------
+
+    def begin(self, sender: int, weight: float, want_result: bool, now: float) -> None:
+        """A sender's ``ar.begin``.  Raises :class:`RejectError`."""
+        state = self.senders.get(sender)
+        if state is None:
+            raise RejectError("not_member", f"member {sender} is not a sender of part "
+                              f"{self.part}")
+        if state.state in (SenderState.EXCLUDED, SenderState.FAILED):
+            raise RejectError("excluded", state.reason)
+        if state.state is not SenderState.WAITING:
+            raise RejectError("duplicate", f"member {sender} already began")
+        if not (math.isfinite(weight) and weight >= 0):
+            raise RejectError("layout_mismatch", f"weight {weight!r}")
+        state.weight = float(weight)
+        state.want_result = bool(want_result)
+        state.last_activity = now
+        state.state = SenderState.STREAMING if weight > 0 and self.chunks else SenderState.DONE
+
+    def accepts_chunks(self, sender: int) -> bool:
+        """Whether chunks from ``sender`` still count (else they are read and dropped)."""
+        state = self.senders.get(sender)
+        return state is not None and state.state is SenderState.STREAMING
+
+    def add_chunk(self, sender: int, header: TensorHeader, payload: memoryview | bytes,
+                  now: float, scratch: torch.Tensor | None = None) -> None:
+        """Accumulate a sender's next chunk.  RemoteProtocolError if it is not
+        the chunk expected (wrong place, size or codec, too many, non-finite
+        values): the caller then calls :meth:`fail`."""
+        state = self.senders[sender]
+        if state.state is not SenderState.STREAMING:
+            raise LocalProtocolError(f"sender {sender} is {state.state.value}")
+        if state.next_chunk >= len(self.chunks):
+            raise RemoteProtocolError(f"sender {sender} sent more than the "
+                                      f"{len(self.chunks)} chunks of part {self.part}")
+        chunk = self.chunks[state.next_chunk]
+        codec = chunk.check(header)
+        lo = chunk.start - chunk.part_start
+        out = scratch[:chunk.count] if scratch is not None else None
+        values = codec.decode(payload, chunk.count, out=out)
+        self.sum[lo:lo + chunk.count].add_(values, alpha=state.weight)
+        self.weights[chunk.index] += state.weight
+        self.contributors[chunk.index].append(sender)
+        state.next_chunk += 1
+        state.last_activity = now
+        if state.next_chunk == len(self.chunks):
+            state.state = SenderState.DONE
+
+    def end_of_stream(self, sender: int, now: float) -> None:
+        """The sender closed its side.  Before its last chunk, that is a failure."""
+        state = self.senders[sender]
+        if state.state is SenderState.STREAMING:
+            self.fail(sender, f"it closed its stream after {state.next_chunk} of "
+                              f"{len(self.chunks)} chunks")
+
+    def fail(self, sender: int, reason: str) -> None:
+        """The sender's stream broke or it broke the protocol: what it sent so
+        far counts, nothing more will."""
+        state = self.senders.get(sender)
+        if state is not None and state.state is not SenderState.DONE:
+            state.state = SenderState.FAILED
+            state.reason = reason
+
+    def check_timeouts(self, now: float) -> list[int]:
+        """Exclude the senders silent for ``sender_timeout`` while still expected."""
+        excluded = []
+        for state in self.senders.values():
+            if (state.state in (SenderState.WAITING, SenderState.STREAMING)
+                    and now - state.last_activity >= self.sender_timeout):
+                state.state = SenderState.EXCLUDED
+                state.reason = (f"sent nothing for {now - state.last_activity:.1f} s "
+                                f"(sender_timeout)")
+                excluded.append(state.index)
+        return excluded
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`check_timeouts` may next exclude someone (None: never)."""
+        times = [s.last_activity + self.sender_timeout for s in self.senders.values()
+                 if s.state in (SenderState.WAITING, SenderState.STREAMING)]
+        return min(times) if times else None
+
+    # -- results ----------------------------------------------------------
+
+    def _ready(self) -> int:
+        """How many chunks are final now (a prefix)."""
+        ready = len(self.chunks)
+        for state in self.senders.values():
+            if state.state not in _FINISHED:
+                ready = min(ready, state.next_chunk)
+        return ready
+
+    def finalize(self) -> list[int]:
+        """Average the chunks that became final; their indices, in order."""
+        ready = self._ready()
+        done = []
+        while self.final < ready:
+            chunk = self.chunks[self.final]
+            lo = chunk.start - chunk.part_start
+            values = self.sum[lo:lo + chunk.count]
+            weight = self.weights[chunk.index]
+            if weight > 0:
+                values.div_(weight)
+            else:  # nobody with a positive weight: the reducer's own values
+                values.copy_(self.local[lo:lo + chunk.count])
+            payload = chunk.codec.encode(values)
+            if chunk.codec.name != "none":  # our copy goes through the codec as everyone's
+                chunk.codec.decode(payload, chunk.count, out=values)
+            self.payloads.append(payload)
+            done.append(self.final)
+            self.final += 1
+        return done
+
+    @property
+    def complete(self) -> bool:
+        return self.final == len(self.chunks)
+
+    def result(self) -> torch.Tensor:
+        """The averaged part (meaningful once complete)."""
+        return self.sum
+
+    def receivers(self) -> list[int]:
+        """The senders that want the averages and may get them."""
+        return [s.index for s in self.senders.values()
+                if s.want_result and s.state is not SenderState.FAILED
+                and s.state is not SenderState.WAITING]
+
+    def segments(self) -> list[Segment]:
+        """Runs of final chunks with the same contributors (for ``ar.done``)."""
+        segments: list[Segment] = []
+        for k in range(self.final):
+            who = sorted(self.contributors[k])
+            if segments and segments[-1].contributors == who \
+                    and segments[-1].weight == self.weights[k]:
+                last = segments[-1]
+                segments[-1] = Segment(last.first, k + 1, who, last.weight)
+            else:
+                segments.append(Segment(k, k + 1, who, self.weights[k]))
+        return segments
+
+    def sender_states(self) -> dict[int, SenderState]:
+        return {s.index: s.state for s in self.senders.values()}
+
+
+class PartReceiver:
+    """A sender's view of one remote part: averaged chunks arrive in order and
+    are decoded into ``out`` (the part's slice of the output); then
+    ``ar.done`` says who contributed.  Every check failure is a
+    RemoteProtocolError."""
+
+    def __init__(self, layout: Layout, part: int, out: torch.Tensor, group_size: int) -> None:
+        self.layout = layout
+        self.part = part
+        self.chunks = layout.chunks[part]
+        self.out = out
+        self.group_size = group_size
+        self.received = 0
+        self.segments: tuple[Segment, ...] | None = None
+
+    def add_chunk(self, header: TensorHeader, payload: memoryview | bytes) -> None:
+        if self.segments is not None or self.received >= len(self.chunks):
+            raise RemoteProtocolError(f"reducer of part {self.part} sent more than its "
+                                      f"{len(self.chunks)} chunks")
+        chunk = self.chunks[self.received]
+        codec = chunk.check(header)
+        lo = chunk.start - chunk.part_start
+        codec.decode(payload, chunk.count, out=self.out[lo:lo + chunk.count])
+        self.received += 1
+
+    def done(self, segments: Sequence[Segment]) -> None:
+        if self.received != len(self.chunks):
+            raise RemoteProtocolError(f"reducer of part {self.part} said done after "
+                                      f"{self.received} of {len(self.chunks)} chunks")
+        position = 0
+        for seg in segments:
+            if seg.first != position or seg.end <= seg.first:
+                raise RemoteProtocolError("ar.done segments must cover the chunks in order")
+            if list(seg.contributors) != sorted(set(seg.contributors)) or any(
+                    c >= self.group_size for c in seg.contributors):
+                raise RemoteProtocolError("ar.done contributors must be ascending member "
+                                          "indices")
+            position = seg.end
+        if position != len(self.chunks) or len(segments) > MAX_SEGMENTS:
+            raise RemoteProtocolError(f"ar.done segments cover {position} of "
+                                      f"{len(self.chunks)} chunks")
+        self.segments = tuple(segments)
+
+    @property
+    def complete(self) -> bool:
+        return self.segments is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Contribution:
+    """Values ``[start, end)`` of the flat vector were averaged over
+    ``contributors`` (member indices) with total weight ``weight``."""
+
+    start: int
+    end: int
+    contributors: tuple[int, ...]
+    weight: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PartResult:
+    """One part of the vector, as this member ended it.
+
+    ``completed``: the averages of every chunk arrived (then ``contributions``
+    says who counted where); otherwise the part keeps this member's own values
+    and ``error`` says why.
+    """
+
+    reducer: int
+    peer_id: ID
+    start: int
+    end: int
+    completed: bool
+    contributions: tuple[Contribution, ...] = ()
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceResult:
+    """What :meth:`~p2pdl.averaging.AllReduceService.all_reduce` returns.
+
+    Attributes:
+        tensors: the averaged tensors (the caller's, written in place, with
+            ``inplace=True``), in the caller's shapes and dtypes.
+        group: the group.
+        parts: one :class:`PartResult` per member, in group order (a member
+            that reduces nothing has an empty part, always complete).
+        completed: every part completed.
+        excluded: members this peer's reducer excluded (late or broken).
+        bytes_sent / bytes_received: p2pdl frame bytes of this call's streams.
+        times: seconds from the start of the call to: ``scatter`` (this
+            peer's values sent to every reducer), ``reduce`` (its own part
+            averaged), ``gather`` (every part's averages received), ``total``.
+        predicted_s: the plan's predicted round time, when known.
+        auxiliary: this member is auxiliary: it receives no averages, so
+            ``completed`` only asks whether its own part was averaged and
+            delivered (the other parts hold zeros).
+    """
+
+    tensors: list[torch.Tensor]
+    group: Group
+    parts: tuple[PartResult, ...]
+    excluded: tuple[int, ...]
+    bytes_sent: int
+    bytes_received: int
+    times: dict[str, float]
+    predicted_s: float | None = None
+    auxiliary: bool = False
+
+    @property
+    def completed(self) -> bool:
+        """Every part averaged (an auxiliary member: its own part)."""
+        if self.auxiliary:
+            return all(p.completed for p in self.parts if p.error != AUXILIARY_NO_RESULT)
+        return all(p.completed for p in self.parts)
+
+    def contributors(self) -> set[int]:
+        """Members whose values counted somewhere."""
+        return {c for p in self.parts for seg in p.contributions for c in seg.contributors}
+
+    def summary(self) -> dict[str, Any]:
+        """A JSON-friendly digest: completion, parts, bytes, times."""
+        return {"completed": self.completed,
+                "parts": [{"reducer": p.reducer, "values": p.end - p.start,
+                           "completed": p.completed, "error": p.error} for p in self.parts],
+                "excluded": list(self.excluded), "bytes_sent": self.bytes_sent,
+                "bytes_received": self.bytes_received, "times": dict(self.times),
+                "predicted_s": self.predicted_s}
+
+
+def contributions(layout: Layout, part: int,
+                  segments: Sequence[Segment]) -> tuple[Contribution, ...]:
+    """Segments (in chunks) as value ranges of the flat vector."""
+    chunks = layout.chunks[part]
+    return tuple(Contribution(chunks[s.first].start, chunks[s.end - 1].end,
+                              tuple(s.contributors), float(s.weight)) for s in segments)

@@ -1,0 +1,91 @@
+"""Messages of the all-reduce protocol ``/p2pdl/allreduce/1.0.0`` (protocols/allreduce.md).
+
+One stream per (sender, reducer) pair, opened by the sender:
+
+1. sender -> reducer: ``ar.begin``, then the sender's values of the
+   reducer's part as TENSOR frames (chunk by chunk, in order), then it
+   half-closes;
+2. reducer -> sender: the averaged chunks as TENSOR frames, in order, as soon
+   as each is reduced, then ``ar.done`` (who contributed to which chunks);
+   or ``ar.reject`` at any point, and the stream ends.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from ..wire import MaxLen, Message, MessageSet, Range
+from .config import GROUP_ID_SIZE, MAX_CODE_LENGTH, MAX_DETAIL_LENGTH, MAX_GROUP_SIZE
+
+__all__ = ["ALLREDUCE_PROTOCOL_ID", "Begin", "Segment", "Done", "Reject", "REJECT_CODES",
+           "SENDER_MESSAGES", "REDUCER_MESSAGES", "LAYOUT_DIGEST_SIZE", "MAX_WEIGHT",
+           "MAX_SEGMENTS"]
+
+ALLREDUCE_PROTOCOL_ID = "/p2pdl/allreduce/1.0.0"
+
+#: Bytes of a layout digest (SHA-256).
+LAYOUT_DIGEST_SIZE = 32
+#: Largest weight a sender may give (samples are counted in far fewer).
+MAX_WEIGHT = 1e15
+#: Most segments one ``ar.done`` lists (a reducer merges runs of chunks with the
+#: same contributors, so a round has at most one segment per chunk; bounded anyway).
+MAX_SEGMENTS = 65536
+
+#: Why a reducer refused a sender (protocols/allreduce.md, Errors).
+REJECT_CODES = {
+    "unknown_group": "the reducer runs no all-reduce for this group (not yet within the "
+                     "wait, or never)",
+    "finished": "the reducer's all-reduce for this group already ended",
+    "not_member": "the stream's peer is not the group member at the claimed index",
+    "not_reducer": "the addressed peer reduces no part in this group",
+    "layout_mismatch": "the sender's tensors, codecs or plan differ from the reducer's",
+    "duplicate": "this sender already has a stream for this group",
+    "excluded": "the sender was excluded (it was later than sender_timeout, or broke the "
+                "protocol)",
+    "busy": "the reducer holds as many waiting streams as it may",
+}
+
+
+class Begin(Message, tag="ar.begin"):
+    """A sender opens its stream to a reducer.
+
+    ``weight``: how much its values count (samples); 0 sends no values.
+    ``want_result``: send me the averaged part (False for auxiliary peers,
+    who contribute nothing and need nothing).
+    """
+
+    group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
+    sender: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
+    reducer: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
+    layout: Annotated[bytes, MaxLen(LAYOUT_DIGEST_SIZE)]
+    weight: Annotated[float, Range(0.0, MAX_WEIGHT)]
+    want_result: bool = True
+
+
+class Segment(Message, tag="ar.segment"):
+    """Chunks ``[first, end)`` of the part were averaged over ``contributors``
+    (member indices, ascending) whose weights sum to ``weight``."""
+
+    first: Annotated[int, Range(0, 2**32)]
+    end: Annotated[int, Range(0, 2**32)]
+    contributors: Annotated[list[Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]],
+                            MaxLen(MAX_GROUP_SIZE)]
+    weight: Annotated[float, Range(0.0, MAX_WEIGHT * MAX_GROUP_SIZE)]
+
+
+class Done(Message, tag="ar.done"):
+    """Every averaged chunk was sent; who contributed to which."""
+
+    segments: Annotated[list[Segment], MaxLen(MAX_SEGMENTS)]
+
+
+class Reject(Message, tag="ar.reject"):
+    """The reducer refuses (``code``: REJECT_CODES) and ends the stream."""
+
+    code: Annotated[str, MaxLen(MAX_CODE_LENGTH)]
+    detail: Annotated[str, MaxLen(MAX_DETAIL_LENGTH)] = ""
+
+
+#: What a reducer accepts from a sender, and what a sender accepts from a reducer.
+SENDER_MESSAGES = MessageSet(Begin)
+REDUCER_MESSAGES = MessageSet(Done, Reject)

@@ -1,0 +1,638 @@
+"""The all-reduce service of a node: ``await node.averaging.all_reduce(group, tensors)``.
+
+The rules are in ``_allreduce`` (sans-IO); this module moves the bytes over
+``/p2pdl/allreduce/1.0.0`` (protocols/allreduce.md):
+
+* as a **sender**, a member opens one stream to every other member that
+  reduces a part: ``ar.begin``, its values of that part chunk by chunk, a
+  half-close; meanwhile the part's averages come back on the same stream,
+  chunk by chunk, then ``ar.done``.  Sending, the reducer's work and
+  receiving overlap.  Client-mode members only ever dial, so they take part
+  as senders; auxiliary members send nothing.
+* as a **reducer**, a member serves those streams: every incoming chunk is
+  added to the weighted sum at once; a chunk is averaged as soon as every
+  sender still counted has delivered it, and sent back to every sender that
+  wants it.
+
+Everything is bounded by the call's ``averaging_timeout`` and the tasks live
+in the call's nursery, except incoming streams, which run in the node's
+stream handler tasks and are cancelled when the call ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from .._concurrency import open_service_nursery
+from ..errors import (
+    ConfigError,
+    LocalProtocolError,
+    P2PDLError,
+    RemoteProtocolError,
+    StreamClosedError,
+)
+from ..wire import FramedStream, TensorChunk, WireConfig, open_framed_stream
+from ._allreduce import (
+    AUXILIARY_NO_RESULT,
+    AllReduceResult,
+    Layout,
+    PartReceiver,
+    PartReducer,
+    PartResult,
+    RejectError,
+    contributions,
+    default_fractions,
+)
+from ._ar_messages import (
+    ALLREDUCE_PROTOCOL_ID,
+    MAX_WEIGHT,
+    REDUCER_MESSAGES,
+    SENDER_MESSAGES,
+    Begin,
+    Done,
+    Reject,
+)
+from ._balancing import round_time
+from .config import MAX_DETAIL_LENGTH, AllReduceConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..net import Host
+    from ._matchmaking import Group
+
+__all__ = ["AllReduceService", "MAX_RECENT_GROUPS"]
+
+logger = logging.getLogger(__name__)
+
+#: Finished groups a node remembers, to refuse their late streams at once.
+MAX_RECENT_GROUPS = 64
+
+#: How long a reducer waits, after ``ar.done``, for the sender to end the stream (s).
+DONE_LINGER = 2.0
+
+#: The counters of :meth:`AllReduceService.statistics`.
+COUNTERS = ("rounds", "completed", "incomplete", "parts_failed", "senders_excluded",
+            "senders_failed", "streams_rejected", "protocol_errors")
+
+
+class _Session:
+    """One all_reduce call: its layout, output, reducer and handler tasks."""
+
+    def __init__(self, group: Group, me: int, layout: Layout, flat: torch.Tensor,
+                 weight: float, auxiliary: bool, config: AllReduceConfig, start: float) -> None:
+        self.group = group
+        self.me = me
+        self.layout = layout
+        self.flat = flat
+        self.weight = weight
+        self.auxiliary = auxiliary
+        self.config = config
+        self.start = start
+        self.deadline = start + config.averaging_timeout
+        self.reducer: PartReducer | None = None
+        self._progress = trio.Event()
+        self.scopes: set[trio.CancelScope] = set()
+        self.handlers = 0
+        self.handlers_idle = trio.Event()
+        self.handlers_idle.set()
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.excluded: set[int] = set()
+        self.times: dict[str, float] = {}
+
+    def progressed(self) -> None:
+        self._progress.set()
+        self._progress = trio.Event()
+
+    async def wait_progress(self) -> None:
+        await self._progress.wait()
+
+    def count_stream(self, stream: FramedStream) -> None:
+        stats = stream.statistics()
+        self.bytes_sent += stats.bytes_sent
+        self.bytes_received += stats.bytes_received
+
+    def mark(self, phase: str) -> None:
+        self.times.setdefault(phase, trio.current_time() - self.start)
+
+    def finalize(self) -> None:
+        """Average what became final; wake the tasks sending results."""
+        assert self.reducer is not None
+        if self.reducer.finalize():
+            if self.reducer.complete:
+                self.mark("reduce")
+            self.progressed()
+
+
+class AllReduceService:
+    """Butterfly all-reduce for groups from matchmaking (``node.averaging``)."""
+
+    def __init__(self, host: Host, wire: WireConfig,
+                 config: AllReduceConfig | None = None) -> None:
+        self._host = host
+        self._wire = wire
+        self._config = config or AllReduceConfig()
+        self._sessions: dict[bytes, _Session] = {}
+        self._recent: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._sessions_changed = trio.Event()
+        self._waiting = 0
+        self._waiting_by_peer: collections.Counter[Any] = collections.Counter()
+        self._counters = dict.fromkeys(COUNTERS, 0)
+
+    @property
+    def config(self) -> AllReduceConfig:
+        return self._config
+
+    def statistics(self) -> dict[str, Any]:
+        return {**self._counters, "active": len(self._sessions), "waiting": self._waiting}
+
+    # -- the call ---------------------------------------------------------
+
+    async def all_reduce(self, group: Group, tensors: Sequence[torch.Tensor], *,
+                         weight: float = 1.0, config: AllReduceConfig | None = None,
+                         inplace: bool = False) -> AllReduceResult:
+        """Average ``tensors`` with every member of ``group``, weighted by ``weight``.
+
+        Every member calls this with tensors of the same shapes (in the same
+        order) and the same ``config.codecs`` / ``chunk_values``.  Returns an
+        :class:`AllReduceResult` whose ``tensors`` are the weighted mean over
+        the contributors (this member's own values where a part did not
+        complete: see ``result.parts``).  With ``inplace=True`` the results
+        are also written into ``tensors``.  Never raises for what other
+        members do; raises :class:`~p2pdl.errors.ConfigError` for bad
+        arguments.  An auxiliary member (``group.members[i].auxiliary``)
+        contributes nothing whatever ``weight`` says; its ``tensors`` only
+        give the shapes.
+        """
+        import torch
+
+        config = config or self._config
+        if not isinstance(config, AllReduceConfig):
+            raise ConfigError("config must be an AllReduceConfig")
+        me = self._my_index(group)
+        auxiliary = group.members[me].auxiliary
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) \
+                or not math.isfinite(weight) or not 0 <= weight <= MAX_WEIGHT:
+            raise ConfigError(f"weight must be a number in [0, {MAX_WEIGHT:g}], got {weight!r}")
+        originals = _check_tensors(tensors)
+        if group.group_id in self._sessions:
+            raise ConfigError("this node already runs an all-reduce for this group")
+        if len(self._sessions) >= config.max_rounds:
+            raise ConfigError(f"this node already runs {len(self._sessions)} all-reduces "
+                              f"(max_rounds)")
+        try:
+            fractions = default_fractions(group)
+        except LocalProtocolError as exc:
+            raise ConfigError(str(exc)) from None
+        sizes = [t.numel() for t in originals]
+        layout = Layout.for_tensors(sizes, fractions, config.codecs, config.chunk_values)
+        if auxiliary:
+            flat = torch.zeros(layout.numel, dtype=torch.float32)
+            weight = 0.0
+        else:
+            flat = _flatten(originals, layout.numel)
+            _check_finite(flat)
+        start = trio.current_time()
+        session = _Session(group, me, layout, flat, float(weight), auxiliary, config, start)
+        lo, hi = layout.part_bounds[me]
+        if layout.chunks[me]:
+            senders = [i for i, m in enumerate(group.members)
+                       if i != me and not m.auxiliary]
+            session.reducer = PartReducer(layout, me, senders, flat[lo:hi],
+                                          session.weight, me, start, config.sender_timeout)
+        self._register(session)
+        self._counters["rounds"] += 1
+        receivers: dict[int, PartReceiver] = {}
+        errors: dict[int, str] = {}
+        try:
+            with trio.move_on_at(session.deadline):
+                async with trio.open_nursery() as nursery:
+                    if session.reducer is not None:
+                        session.finalize()  # with no other sender, it is done at once
+                        nursery.start_soon(self._watch_reducer, session)
+                    remote = [r for r in range(len(group)) if r != me and layout.chunks[r]]
+                    pending = len(remote)
+                    sent = [0]
+
+                    async def exchange(r: int) -> None:
+                        receiver = PartReceiver(layout, r, flat[slice(*layout.part_bounds[r])],
+                                                len(group))
+                        receivers[r] = receiver
+                        try:
+                            await self._exchange(session, r, receiver, sent, pending)
+                            if all(receivers[x].complete for x in remote if x in receivers) \
+                                    and len(receivers) == len(remote):
+                                session.mark("gather")
+                        except (P2PDLError, trio.TooSlowError) as exc:
+                            errors[r] = _describe(exc)
+                            self._counters["parts_failed"] += 1
+                            logger.info("all-reduce %s: part %d (reducer %s) failed: %s",
+                                        group.group_id.hex()[:8], r, group.members[r].peer_id,
+                                        errors[r])
+
+                    if auxiliary or not remote:
+                        session.mark("scatter")
+                    for r in remote:
+                        if not auxiliary:
+                            nursery.start_soon(exchange, r)
+        finally:
+            self._unregister(session)
+        return self._result(session, originals, receivers, errors, inplace)
+
+    def _my_index(self, group: Group) -> int:
+        try:
+            return group.index_of(self._host.peer_id)
+        except ValueError:
+            raise ConfigError("this node is not a member of the group") from None
+
+    # -- sender side ------------------------------------------------------
+
+    async def _exchange(self, session: _Session, r: int, receiver: PartReceiver,
+                        sent: list[int], pending: int) -> None:
+        """Send our values of part ``r`` to its reducer; receive its averages."""
+        config = session.config
+        peer = session.group.members[r].peer_id
+        remaining = max(0.1, session.deadline - trio.current_time())
+        net_stream = await self._host.new_stream(peer, ALLREDUCE_PROTOCOL_ID,
+                                                 timeout=min(remaining, config.reducer_timeout))
+        async with open_framed_stream(net_stream, self._wire) as stream:
+            try:
+                await stream.send_message(Begin(session.group.group_id, session.me, r,
+                                                session.layout.digest, session.weight,
+                                                want_result=not session.auxiliary))
+                async with open_service_nursery() as nursery:
+                    nursery.start_soon(self._send_values, stream, session, r, sent, pending)
+                    await self._receive_results(stream, session, r, receiver)
+                    nursery.cancel_scope.cancel()  # done: anything unsent is not wanted
+            except RemoteProtocolError:
+                await stream.reset()
+                raise
+            finally:
+                session.count_stream(stream)
+
+    async def _send_values(self, stream: FramedStream, session: _Session, r: int,
+                           sent: list[int], pending: int) -> None:
+        flat = session.flat
+        try:
+            if session.weight > 0:
+                for chunk in session.layout.chunks[r]:
+                    payload = chunk.codec.encode(flat[chunk.start:chunk.end])
+                    await stream.send_tensor_chunk(chunk.header(), payload)
+            pass  # await stream.close_write()
+        except P2PDLError as exc:  # the stream broke: receiving the results fails too
+            logger.debug("all-reduce: sending part %d failed: %s", r, exc)
+            return
+        sent[0] += 1
+        if sent[0] == pending:
+            session.mark("scatter")
+
+    async def _receive_results(self, stream: FramedStream, session: _Session, r: int,
+                               receiver: PartReceiver) -> None:
+        timeout = session.config.reducer_timeout
+        while not receiver.complete:
+            with trio.move_on_after(timeout) as scope:
+                item = await stream.receive(REDUCER_MESSAGES)
+            if scope.cancelled_caught:
+                raise trio.TooSlowError(f"the reducer sent nothing for {timeout:.1f} s "
+                                        f"(reducer_timeout)")
+            if item is None:
+                raise StreamClosedError("the reducer ended the stream before ar.done")
+            if isinstance(item, TensorChunk):
+                receiver.add_chunk(item.header, item.data)
+                continue
+            _, message = item
+            if isinstance(message, Reject):
+                raise _Rejected(f"the reducer refused: {message.code}"
+                                + (f" ({message.detail})" if message.detail else ""))
+            assert isinstance(message, Done)
+            receiver.done(message.segments)
+
+    # -- reducer side -----------------------------------------------------
+
+    async def _watch_reducer(self, session: _Session) -> None:
+        """Exclude late senders; end once the part is averaged and delivered."""
+        reducer = session.reducer
+        assert reducer is not None
+        while True:
+            if reducer.complete:
+                await session.handlers_idle.wait()
+                if session.handlers == 0:
+                    return
+                continue
+            deadline = reducer.next_deadline()
+            with trio.move_on_at(deadline if deadline is not None else math.inf):
+                await session.wait_progress()
+            for sender in reducer.check_timeouts(trio.current_time()):
+                session.excluded.add(sender)
+                self._counters["senders_excluded"] += 1
+                logger.info("all-reduce %s: excluded member %d (%s): %s",
+                            session.group.group_id.hex()[:8], sender,
+                            session.group.members[sender].peer_id,
+                            reducer.senders[sender].reason)
+            session.finalize()
+
+    async def handle(self, stream: FramedStream) -> None:
+        """An incoming stream: a sender of some group's all-reduce."""
+        try:
+            with trio.move_on_after(self._config.join_wait) as scope:
+                item = await stream.receive(SENDER_MESSAGES)
+            if scope.cancelled_caught or item is None or isinstance(item, TensorChunk):
+                raise RemoteProtocolError("an all-reduce stream must start with ar.begin")
+            _, begin = item
+            assert isinstance(begin, Begin)
+            session = await self._find_session(begin.group_id, stream.peer_id)
+            await self._serve(stream, session, begin)
+        except RejectError as exc:
+            self._counters["streams_rejected"] += 1
+            logger.debug("all-reduce: refused a stream from %s: %s", stream.peer_id, exc)
+            await stream.send_message(Reject(exc.code, exc.detail[:MAX_DETAIL_LENGTH]))
+        except RemoteProtocolError as exc:
+            self._counters["protocol_errors"] += 1
+            logger.info("all-reduce: protocol error from %s: %s", stream.peer_id, exc)
+            await stream.reset()
+        except P2PDLError as exc:  # the stream broke, or a send found no credit
+            logger.debug("all-reduce: stream from %s ended: %s", stream.peer_id, exc)
+
+    async def _find_session(self, group_id: bytes, peer: Any) -> _Session:
+        """The session of ``group_id``, waiting up to ``join_wait`` for it to start.
+
+        At most ``max_waiting_streams`` streams wait, and at most
+        ``max_rounds`` of one peer (a peer is in no more groups with us at once).
+        """
+        if group_id in self._sessions:
+            return self._sessions[group_id]
+        if group_id in self._recent:
+            raise RejectError("finished")
+        if self._waiting >= self._config.max_waiting_streams \
+                or self._waiting_by_peer[peer] >= self._config.max_rounds:
+            raise RejectError("busy")
+        self._waiting += 1
+        self._waiting_by_peer[peer] += 1
+        try:
+            with trio.move_on_after(self._config.join_wait):
+                while group_id not in self._sessions:
+                    if group_id in self._recent:
+                        raise RejectError("finished")
+                    await self._sessions_changed.wait()
+                return self._sessions[group_id]
+        finally:
+            self._waiting -= 1
+            self._waiting_by_peer[peer] -= 1
+            if not self._waiting_by_peer[peer]:
+                del self._waiting_by_peer[peer]
+        raise RejectError("unknown_group", f"no all-reduce for it within "
+                                           f"{self._config.join_wait:.0f} s")
+
+    async def _serve(self, stream: FramedStream, session: _Session, begin: Begin) -> None:
+        group, reducer = session.group, session.reducer
+        sender = begin.sender
+        if sender >= len(group) or group.members[sender].peer_id != stream.peer_id:
+            raise RejectError("not_member", f"the stream's peer is not member {sender}")
+        if begin.reducer != session.me or reducer is None:
+            raise RejectError("not_reducer", f"member {session.me} reduces no part")
+        if begin.layout != session.layout.digest:
+            raise RejectError("layout_mismatch", "tensor sizes, codecs, chunk size or plan "
+                                                 "differ")
+        reducer.begin(sender, begin.weight, begin.want_result, trio.current_time())
+        session.handlers += 1
+        session.handlers_idle = trio.Event()
+        session.finalize()
+        session.progressed()
+        try:
+            with trio.CancelScope() as scope:
+                session.scopes.add(scope)
+                try:
+                    async with open_service_nursery() as nursery:
+                        nursery.start_soon(self._take_values, stream, session, sender,
+                                           nursery.cancel_scope)
+                        if begin.want_result:
+                            await self._send_results(stream, session, sender)
+                        else:
+                            while not reducer.complete:
+                                await session.wait_progress()
+                        # Every average is out: what the sender may still send is
+                        # not needed (it was excluded, or only its end is left).
+                        nursery.cancel_scope.cancel()
+                finally:
+                    session.scopes.discard(scope)
+        finally:
+            session.count_stream(stream)
+            session.handlers -= 1
+            if session.handlers == 0:
+                session.handlers_idle.set()
+
+    async def _take_values(self, stream: FramedStream, session: _Session, sender: int,
+                           results: trio.CancelScope) -> None:
+        """Read a sender's chunks into the sum until it half-closes."""
+        import torch
+
+        reducer = session.reducer
+        assert reducer is not None
+        scratch = torch.empty(session.layout.chunk_values, dtype=torch.float32)
+        try:
+            while True:
+                item = await stream.receive(SENDER_MESSAGES)
+                now = trio.current_time()
+                if item is None:
+                    reducer.end_of_stream(sender, now)
+                    break
+                if not isinstance(item, TensorChunk):
+                    raise RemoteProtocolError("a sender sends ar.begin once, then chunks")
+                if reducer.accepts_chunks(sender):
+                    reducer.add_chunk(sender, item.header, item.data, now, scratch)
+                    session.finalize()
+                elif reducer.sender_states()[sender].value == "failed":
+                    break
+        except RemoteProtocolError as exc:
+            self._counters["protocol_errors"] += 1
+            self._counters["senders_failed"] += 1
+            logger.info("all-reduce %s: member %d (%s) broke the protocol: %s",
+                        session.group.group_id.hex()[:8], sender, stream.peer_id, exc)
+            reducer.fail(sender, f"protocol error: {exc}")
+            session.excluded.add(sender)
+            results.cancel()
+            await stream.reset()
+        except P2PDLError as exc:
+            self._counters["senders_failed"] += 1
+            reducer.fail(sender, f"stream closed: {exc}")
+            session.excluded.add(sender)
+            results.cancel()
+        finally:
+            session.finalize()
+            session.progressed()
+
+    async def _send_results(self, stream: FramedStream, session: _Session, sender: int) -> None:
+        """Send the averaged chunks as they become final, then ``ar.done``."""
+        reducer = session.reducer
+        assert reducer is not None
+        for k, chunk in enumerate(reducer.chunks):
+            while reducer.final <= k:
+                await session.wait_progress()
+            await stream.send_tensor_chunk(chunk.header(), reducer.payloads[k])
+        await stream.send_message(Done(reducer.segments()))
+        # The sender ends the stream once it has read everything: wait for
+        # that (briefly), so that a reducer that returns -- or exits -- right
+        # after the round does not cut off averages still in flight.
+        with trio.move_on_after(DONE_LINGER):
+            await stream.wait_peer_done()
+
+    # -- bookkeeping ------------------------------------------------------
+
+    def _register(self, session: _Session) -> None:
+        self._sessions[session.group.group_id] = session
+        self._sessions_changed.set()
+        self._sessions_changed = trio.Event()
+
+    def _unregister(self, session: _Session) -> None:
+        group_id = session.group.group_id
+        self._sessions.pop(group_id, None)
+        self._recent[group_id] = None
+        while len(self._recent) > MAX_RECENT_GROUPS:
+            self._recent.popitem(last=False)
+        for scope in list(session.scopes):
+            scope.cancel()
+        self._sessions_changed.set()
+        self._sessions_changed = trio.Event()
+
+    def _result(self, session: _Session, originals: list[torch.Tensor],
+                receivers: dict[int, PartReceiver], errors: dict[int, str],
+                inplace: bool) -> AllReduceResult:
+        group, layout, flat = session.group, session.layout, session.flat
+        session.mark("total")
+        parts = []
+        for r, member in enumerate(group.members):
+            lo, hi = layout.part_bounds[r]
+            if not layout.chunks[r]:
+                parts.append(PartResult(r, member.peer_id, lo, hi, True))
+                continue
+            if r == session.me:
+                reducer = session.reducer
+                assert reducer is not None
+                if reducer.complete:
+                    flat[lo:hi].copy_(reducer.result())
+                    parts.append(PartResult(r, member.peer_id, lo, hi, True,
+                                            contributions(layout, r, reducer.segments())))
+                else:
+                    parts.append(PartResult(r, member.peer_id, lo, hi, False,
+                                            error="the round ended before every sender was "
+                                                  "heard (averaging_timeout)"))
+                continue
+            receiver = receivers.get(r)
+            if session.auxiliary:
+                parts.append(PartResult(r, member.peer_id, lo, hi, False,
+                                        error=AUXILIARY_NO_RESULT))
+            elif receiver is not None and receiver.complete:
+                assert receiver.segments is not None
+                parts.append(PartResult(r, member.peer_id, lo, hi, True,
+                                        contributions(layout, r, receiver.segments)))
+            else:
+                error = errors.get(r, "the round ended before the reducer finished "
+                                      "(averaging_timeout)")
+                _restore(flat, originals, layout, lo, hi)
+                parts.append(PartResult(r, member.peer_id, lo, hi, False, error=error))
+        if "gather" not in session.times and all(
+                p.completed for p in parts) and not session.auxiliary:
+            session.times["gather"] = session.times["total"]
+        outputs = _unflatten(flat, originals)
+        if inplace and not session.auxiliary:
+            for original, output in zip(originals, outputs, strict=True):
+                original.copy_(output)
+            outputs = list(originals)
+        result = AllReduceResult(outputs, group, tuple(parts), tuple(sorted(session.excluded)),
+                                 session.bytes_sent, session.bytes_received,
+                                 dict(session.times), _predicted(group, layout),
+                                 session.auxiliary)
+        self._counters["completed" if result.completed else "incomplete"] += 1
+        return result
+
+
+class _Rejected(P2PDLError):
+    """A reducer refused this sender."""
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _predicted(group: Group, layout: Layout) -> float | None:
+    """The plan's round time for this vector, if the members said their bandwidths."""
+    if not any(m.bandwidth for m in group.members):
+        return None
+    vector_bytes = sum(codec.encoded_size(size)
+                       for codec, size in zip(layout.codecs, layout.sizes, strict=True))
+    if vector_bytes == 0:
+        return 0.0
+    try:
+        return round_time(group.capacities(), layout.fractions, vector_bytes)[0]
+    except LocalProtocolError:
+        return None
+
+
+def _check_tensors(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    import torch
+
+    if isinstance(tensors, torch.Tensor):
+        raise ConfigError("tensors must be a sequence of tensors, not one tensor "
+                          "(wrap it in a list)")
+    try:
+        items = list(tensors)
+    except TypeError:
+        raise ConfigError(f"tensors must be a sequence of tensors, got "
+                          f"{type(tensors).__name__}") from None
+    if not items:
+        raise ConfigError("tensors is empty: there is nothing to average")
+    for i, t in enumerate(items):
+        if not isinstance(t, torch.Tensor):
+            raise ConfigError(f"tensors[{i}] is a {type(t).__name__}, not a torch.Tensor")
+        if not t.is_floating_point():
+            raise ConfigError(f"tensors[{i}] has dtype {t.dtype}; only floating-point "
+                              f"tensors can be averaged")
+    return items
+
+
+def _flatten(tensors: list[torch.Tensor], numel: int) -> torch.Tensor:
+    import torch
+
+    flat = torch.empty(numel, dtype=torch.float32)
+    position = 0
+    for t in tensors:
+        n = t.numel()
+        flat[position:position + n].copy_(t.detach().reshape(-1))
+        position += n
+    return flat
+
+
+def _check_finite(flat: torch.Tensor) -> None:
+    import torch
+
+    # One reduction: NaN propagates through min and max, and an infinity is one of them.
+    if flat.numel() and not bool(torch.isfinite(torch.stack(torch.aminmax(flat))).all()):
+        raise ConfigError("the tensors hold NaN or infinite values; they cannot be averaged")
+
+
+def _restore(flat: torch.Tensor, originals: list[torch.Tensor], layout: Layout,
+             lo: int, hi: int) -> None:
+    """Put this member's own values back into ``flat[lo:hi]``."""
+    for t, start, size in zip(originals, layout.tensor_starts, layout.sizes, strict=False):
+        a, b = max(lo, start), min(hi, start + size)
+        if a < b:
+            flat[a:b].copy_(t.detach().reshape(-1)[a - start:b - start])
+
+
+def _unflatten(flat: torch.Tensor, originals: list[torch.Tensor]) -> list[torch.Tensor]:
+    outputs = []
+    position = 0
+    for t in originals:
+        n = t.numel()
+        piece = flat[position:position + n].view(t.shape)
+        outputs.append(piece if piece.dtype == t.dtype and piece.device == t.device
+                       else piece.to(dtype=t.dtype, device=t.device))
+        position += n
+    return outputs

@@ -1,0 +1,204 @@
+"""One peer of ``bench_allreduce.py --netlab`` (simulations/_allreduce_netlab.py), run
+inside a netlab host's network namespace.
+
+    python -m simulations._p2pdl_netlab_peer --rank I --ip A.B.C.D --bandwidths B0,..,B4 \
+        --aux 4 --pairs R --numel M --codec fp16 --chunk-values C --rendezvous DIR --timeout S
+
+It opens a p2pdl node listening on its host's address ``--ip``, publishes its
+full address in ``DIR/rank-I.json``, connects to every peer of a higher rank
+(each pair once) and builds the group of all peers in rank order; member i
+declares ``bandwidth = B_i`` bytes/s and peers in ``--aux`` are auxiliary.
+Two load plans of that group: ``lp``, the fractions a matchmaking leader
+would send (``_matchmaking.plan_fractions``), and ``equal``, 1/n each (every
+member accepts connections, the auxiliary one reduces too).
+
+Pair p = 0 (untimed warm-up) .. R: the inputs of round p of
+simulations/_allreduce_common.py (contributor ranks 0..K-1, weights 1 + rank;
+the auxiliary peers pass weight 0 and zeros of the same shapes), averaged once
+with each plan, ``lp`` first.  For each (pair, mode), on stdout, one JSON
+object a line, with stdin lines from the parent as barriers:
+
+1. ``{"event": "ready", "pair": p, "mode": m, ...}``; then reads ``go``.
+2. ``{"event": "done", "t_start", "t_end", "completed", "error", "times",
+   "bytes_sent", "bytes_received", "predicted_s", "excluded",
+   "own_part_completed"}`` (``time.time()`` at the go and with the result in
+   hand); then reads ``next`` (every peer is
+   done, so checking steals no CPU from a peer still averaging).
+3. ``{"event": "result", "max_err", "tol", "ok"}`` (``ok`` is null for an
+   auxiliary peer: it receives no result; ``done``'s ``own_part_completed``
+   says whether it averaged its part).
+
+EOF or ``stop`` on stdin ends the peer; ``{"event": "fatal", ...}`` on error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import trio
+from libp2p.peer.id import ID
+
+import p2pdl
+from p2pdl import NodeConfig
+from p2pdl.averaging import AllReduceConfig, CodecPolicy, Group, GroupMemberInfo
+from p2pdl.averaging._matchmaking import plan_fractions
+from simulations._allreduce_common import (
+    CODECS,
+    make_inputs,
+    max_error,
+    tensor_shapes,
+    tolerance,
+    truth,
+    weight,
+)
+
+MODES = ("lp", "equal")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--ip", required=True, help="this host's address in the lab")
+    parser.add_argument("--bandwidths", required=True,
+                        help="comma-separated bytes/s of every peer, in rank order")
+    parser.add_argument("--aux", default="", help="comma-separated ranks of auxiliary peers")
+    parser.add_argument("--pairs", type=int, required=True,
+                        help="timed (lp, equal) pairs, after one untimed warm-up pair")
+    parser.add_argument("--numel", type=int, required=True)
+    parser.add_argument("--codec", choices=CODECS, required=True)
+    parser.add_argument("--chunk-values", type=int, required=True)
+    parser.add_argument("--rendezvous", type=Path, required=True)
+    parser.add_argument("--timeout", type=float, required=True,
+                        help="seconds left for the whole run")
+    args = parser.parse_args(argv)
+    args.bandwidths = [float(b) for b in args.bandwidths.split(",")]
+    args.aux = {int(a) for a in args.aux.split(",") if a}
+    args.peers = len(args.bandwidths)
+    args.contributors = args.peers - len(args.aux)
+    if sorted(args.aux) != list(range(args.contributors, args.peers)):
+        parser.error("auxiliary peers must have the highest ranks")
+    args.deadline = time.time() + args.timeout
+    return args
+
+
+def emit(message: dict) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def log(*parts: object) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+def wait_line(expected: str) -> None:
+    """One line from the parent (blocking; the parent bounds the wait by killing us)."""
+    line = sys.stdin.readline()
+    if not line or line.strip() == "stop":
+        raise SystemExit("released with stop/EOF")
+    if line.strip() != expected:
+        raise RuntimeError(f"expected {expected!r} from the parent, got {line.strip()!r}")
+
+
+def publish(args: argparse.Namespace, info: dict) -> None:
+    path = args.rendezvous / f"rank-{args.rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info))
+    tmp.replace(path)
+
+
+def collect(args: argparse.Namespace) -> list[dict]:
+    paths = [args.rendezvous / f"rank-{i}.json" for i in range(args.peers)]
+    while not all(p.exists() for p in paths):
+        if time.time() > args.deadline:
+            missing = [i for i, p in enumerate(paths) if not p.exists()]
+            raise TimeoutError(f"rendezvous: ranks {missing} never published")
+        time.sleep(0.05)
+    return [json.loads(p.read_text()) for p in paths]
+
+
+async def run(args: argparse.Namespace) -> None:
+    torch.set_num_threads(1)  # 5 peers share 2 cores
+    auxiliary = args.rank in args.aux
+    config = AllReduceConfig(codecs=CodecPolicy(large=args.codec),
+                             chunk_values=args.chunk_values,
+                             averaging_timeout=min(120.0, max(5.0, args.deadline - time.time())))
+    node_config = NodeConfig.build(listen=[f"/ip4/{args.ip}/tcp/0"])
+    async with p2pdl.open_node(node_config) as node:
+        addr = next(a for a in node.addrs if a.startswith(f"/ip4/{args.ip}/"))
+        publish(args, {"addr": addr, "peer_id": str(node.peer_id)})
+        infos = await trio.to_thread.run_sync(collect, args)
+        with trio.fail_after(max(1.0, min(30.0, args.deadline - time.time()))):
+            for rank, info in enumerate(infos):
+                if rank > args.rank:  # each pair connects once
+                    await node.connect(info["addr"])
+        members = tuple(GroupMemberInfo(ID.from_base58(info["peer_id"]), auxiliary=i in args.aux,
+                                        bandwidth=args.bandwidths[i])
+                        for i, info in enumerate(infos))
+        lp = plan_fractions(members)
+        if lp is None:
+            raise RuntimeError("plan_fractions gave no plan")
+        plans = {"lp": tuple(lp), "equal": tuple(1.0 / args.peers for _ in members)}
+        log(f"rank {args.rank} {node.peer_id} at {addr}; plans {plans}")
+        shapes = tensor_shapes(args.numel)
+        for pair in range(args.pairs + 1):
+            if auxiliary:
+                tensors = [torch.zeros(s) for s in shapes]
+                expected, tol = None, math.inf
+            else:
+                expected, max_abs = truth(pair, args.contributors, args.numel)
+                tol = tolerance(args.codec, args.contributors, max_abs)
+                tensors = make_inputs(pair, args.rank, args.numel)
+            for mode in MODES:
+                group = Group(hashlib.sha256(f"netlab-allreduce/{mode}/{pair}".encode()).digest(),
+                              "bench-netlab", pair, members, fractions=plans[mode])
+                emit({"event": "ready", "pair": pair, "mode": mode, "rank": args.rank,
+                      "fractions": list(plans[mode])})
+                await trio.to_thread.run_sync(wait_line, "go")
+                t_start = time.time()
+                result = await node.averaging.all_reduce(
+                    group, tensors, weight=0.0 if auxiliary else weight(args.rank), config=config)
+                t_end = time.time()
+                error = None if result.completed else "; ".join(
+                    f"part {p.reducer}: {p.error}" for p in result.parts if not p.completed)
+                emit({"event": "done", "pair": pair, "mode": mode, "rank": args.rank,
+                      "t_start": t_start, "t_end": t_end, "completed": result.completed,
+                      "error": error, "times": result.times, "bytes_sent": result.bytes_sent,
+                      "bytes_received": result.bytes_received,
+                      "predicted_s": result.predicted_s, "excluded": list(result.excluded),
+                      # an auxiliary member receives no averages: its own part is its job
+                      "own_part_completed": result.parts[args.rank].completed})
+                await trio.to_thread.run_sync(wait_line, "next")
+                if expected is None:
+                    emit({"event": "result", "pair": pair, "mode": mode, "rank": args.rank,
+                          "max_err": None, "tol": None, "ok": None})
+                else:
+                    err = max_error(result.tensors, expected)
+                    emit({"event": "result", "pair": pair, "mode": mode, "rank": args.rank,
+                          "max_err": err if math.isfinite(err) else None, "tol": tol,
+                          "ok": bool(err <= tol and result.completed)})
+                log(f"pair {pair} {mode}: {t_end - t_start:.3f} s, times {result.times}")
+        # Every peer is past the last barrier: leave together.
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    args = parse_args()
+    try:
+        trio.run(run, args)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        emit({"event": "fatal", "rank": args.rank, "error": f"{type(exc).__name__}: {exc}"})
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,322 @@
+"""The butterfly all-reduce over real nodes on loopback (one process)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+
+import pytest
+import torch
+import trio
+
+from p2pdl.averaging import (
+    ALLREDUCE_PROTOCOL_ID,
+    AllReduceConfig,
+    CodecPolicy,
+    Group,
+    GroupMemberInfo,
+    Layout,
+    get_codec,
+    part_sizes,
+)
+from p2pdl.averaging._allreduce import default_fractions
+from p2pdl.averaging._ar_messages import Begin
+from p2pdl.errors import ConfigError
+from p2pdl.testing import open_nodes
+from p2pdl.wire import TensorHeader
+from p2pdl.wire._frames import FrameKind
+
+pytestmark = pytest.mark.timeout(120)
+
+EXACT = AllReduceConfig(codecs=CodecPolicy(large="none"), chunk_values=1024,
+                        sender_timeout=10.0, reducer_timeout=20.0, averaging_timeout=60.0)
+SHAPES = [(1000,), (37, 29), (5,), (3, 1, 700), (1,)]
+
+
+async def connect_all(nodes) -> None:
+    """Every node knows every other's address (matchmaking's DHT view does that)."""
+    for i, a in enumerate(nodes):
+        for b in nodes[i + 1:]:
+            await a.connect(f"{b.addrs[0]}/p2p/{b.peer_id}")
+
+
+def make_group(nodes, *, clients=(), auxiliary=(), fractions=None, tag=b"g") -> Group:
+    members = tuple(GroupMemberInfo(n.peer_id, client_mode=i in clients, auxiliary=i in auxiliary)
+                    for i, n in enumerate(nodes))
+    return Group(hashlib.sha256(tag).digest(), "run", 1, members, fractions=fractions)
+
+
+def inputs(count, shapes=SHAPES, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [[torch.randn(*shape, generator=gen) * (i + 1) for shape in shapes]
+            for i in range(count)]
+
+
+def weighted_mean(xs, weights, who):
+    total = sum(weights[i] for i in who)
+    return [sum(weights[i] * xs[i][j] for i in who) / total for j in range(len(xs[0]))]
+
+
+async def run_all(nodes, group, xs, weights, config=EXACT, skip=()):
+    results = {}
+
+    async def one(i):
+        results[i] = await nodes[i].averaging.all_reduce(group, xs[i], weight=weights[i],
+                                                         config=config)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(nodes)):
+            if i not in skip:
+                nursery.start_soon(one, i)
+    return results
+
+
+def max_error(outputs, truth) -> float:
+    return max(float((o - t).abs().max() / max(1.0, float(t.abs().max())))
+               for o, t in zip(outputs, truth, strict=True))
+
+
+@pytest.mark.parametrize("count", [2, 3, 5, 8])
+async def test_weighted_mean_is_exact_without_compression(count):
+    async with open_nodes(count) as nodes:
+        await connect_all(nodes)
+        xs = inputs(count)
+        weights = [1.0 + 2 * i for i in range(count)]
+        truth = weighted_mean(xs, weights, range(count))
+        results = await run_all(nodes, make_group(nodes), xs, weights)
+        for i, result in results.items():
+            assert result.completed, [p.error for p in result.parts]
+            assert [t.shape for t in result.tensors] == [x.shape for x in xs[i]]
+            assert max_error(result.tensors, truth) < 1e-6
+            assert result.contributors() == set(range(count))
+            assert result.bytes_sent > 0 and result.bytes_received > 0
+            assert set(result.times) >= {"scatter", "gather", "total"}
+        # every member holds the very same values
+        for result in results.values():
+            for a, b in zip(result.tensors, results[0].tensors, strict=True):
+                assert torch.equal(a, b)
+
+
+async def test_a_second_round_and_inplace():
+    async with open_nodes(3) as nodes:
+        await connect_all(nodes)
+        for round_ in range(2):
+            xs = inputs(3, seed=round_)
+            truth = weighted_mean(xs, [1, 1, 1], range(3))
+            group = make_group(nodes, tag=b"round-%d" % round_)
+            results = {}
+
+            async def one(i, group=group, xs=xs, results=results):
+                results[i] = await nodes[i].averaging.all_reduce(group, xs[i], config=EXACT,
+                                                                 inplace=True)
+
+            async with trio.open_nursery() as nursery:
+                for i in range(3):
+                    nursery.start_soon(one, i)
+            for i in range(3):
+                assert results[i].tensors[0] is xs[i][0]
+                assert max_error(xs[i], truth) < 1e-6
+        assert nodes[0].averaging.statistics()["completed"] == 2
+
+
+@pytest.mark.parametrize("codec", ["fp16", "uint8"])
+async def test_codecs_stay_within_their_bounds_and_members_agree(codec):
+    config = AllReduceConfig(codecs=CodecPolicy(large=codec, threshold=100), chunk_values=4096,
+                             averaging_timeout=30.0)
+    shapes = [(20000,), (50,), (300, 40)]
+    async with open_nodes(3) as nodes:
+        await connect_all(nodes)
+        xs = inputs(3, shapes)
+        weights = [1.0, 2.0, 3.0]
+        truth = weighted_mean(xs, weights, range(3))
+        results = await run_all(nodes, make_group(nodes), xs, weights, config)
+        c = get_codec(codec)
+        for j, shape in enumerate(shapes):
+            exact = math.prod(shape) < 100
+            # each sender's values, then the average, travel through the codec once
+            if exact:
+                bound = 1e-5 * float(truth[j].abs().max())
+            else:
+                bound = (max(c.max_abs_error(xs[i][j]) for i in range(3))
+                         + c.max_abs_error(truth[j]) * 1.01 + 1e-6)
+            for result in results.values():
+                error = float((result.tensors[j] - truth[j]).abs().max())
+                assert error <= bound, (codec, j, error, bound)
+                assert torch.equal(result.tensors[j], results[0].tensors[j])
+
+
+async def test_client_mode_and_auxiliary_members():
+    # 0 full, 1 client (reduces nothing), 2 auxiliary (reduces, contributes nothing), 3 full
+    async with open_nodes(4) as nodes:
+        await connect_all(nodes)
+        group = make_group(nodes, clients={1}, auxiliary={2})
+        assert default_fractions(group)[1] == 0.0
+        xs = inputs(4)
+        weights = [1.0, 2.0, 5.0, 3.0]
+        truth = weighted_mean(xs, weights, [0, 1, 3])
+        results = await run_all(nodes, group, xs, weights)
+        for i in (0, 1, 3):
+            assert results[i].completed
+            assert max_error(results[i].tensors, truth) < 1e-6
+            assert results[i].contributors() == {0, 1, 3}
+        aux = results[2]
+        lo, hi = aux.parts[2].start, aux.parts[2].end
+        assert aux.parts[2].completed and hi > lo
+        flat_truth = torch.cat([t.reshape(-1) for t in truth])
+        flat_aux = torch.cat([t.reshape(-1) for t in aux.tensors])
+        assert torch.allclose(flat_aux[lo:hi], flat_truth[lo:hi], atol=1e-6)
+        assert not aux.parts[0].completed  # auxiliary peers receive no results...
+        assert aux.auxiliary and aux.completed  # ...so only their own part counts
+        assert results[1].parts[1].end == results[1].parts[1].start  # client: empty part
+
+
+async def test_fractions_from_the_plan_size_the_parts():
+    async with open_nodes(3) as nodes:
+        await connect_all(nodes)
+        fractions = (0.6, 0.1, 0.3)
+        group = make_group(nodes, fractions=fractions)
+        xs = inputs(3)
+        results = await run_all(nodes, group, xs, [1.0, 1.0, 1.0])
+        numel = sum(math.prod(s) for s in SHAPES)
+        sizes = tuple(p.end - p.start for p in results[0].parts)
+        assert sizes == part_sizes(numel, fractions)
+        assert max_error(results[0].tensors, weighted_mean(xs, [1, 1, 1], range(3))) < 1e-6
+
+
+async def misbehave(node, group, peers, how, *, weight=1.0):
+    """Member ``node`` (a client: it reduces nothing) sends bad values to every reducer."""
+    me = group.index_of(node.peer_id)
+    async with trio.open_nursery() as nursery:
+        for r, member in enumerate(group.members):
+            if r == me or member.client_mode:
+                continue
+
+            async def one(r=r, member=member):
+                async with node.open_stream(member.peer_id, ALLREDUCE_PROTOCOL_ID) as stream:
+                    layout = peers[r]
+                    await stream.send_message(Begin(group.group_id, me, r, layout.digest,
+                                                    weight))
+                    chunk = layout.chunks[r][0]
+                    good = torch.ones(chunk.count)
+                    if how == "nan":
+                        bad = good.clone()
+                        bad[chunk.count // 2] = float("nan")
+                        await stream.send_tensor_chunk(chunk.header(), bad.numpy().tobytes())
+                    elif how == "malformed":
+                        header = TensorHeader(chunk.part, "float32", (chunk.part_numel,),
+                                              chunk.start - chunk.part_start + 1, chunk.count)
+                        await stream.send_tensor_chunk(header, good.numpy().tobytes())
+                    elif how == "oversized":
+                        # a frame header announcing 64 MiB: beyond any frame's limit
+                        await stream._write(struct.pack(">BI", FrameKind.TENSOR, 64 << 20)
+                                            + b"\0" * 1024)
+                    elif how == "stall":
+                        pass  # begins, then sends nothing
+                    with trio.move_on_after(10):
+                        await stream.wait_peer_done()
+
+            nursery.start_soon(one)
+
+
+@pytest.mark.parametrize("how", ["nan", "malformed", "oversized", "stall"])
+async def test_bad_values_from_one_peer_are_rejected_and_the_round_completes(how):
+    # A silent sender waits out sender_timeout; a broken stream is dropped long before.
+    sender_timeout = 1.5 if how == "stall" else 15.0
+    config = AllReduceConfig(codecs=CodecPolicy(large="none"), chunk_values=1024,
+                             sender_timeout=sender_timeout, reducer_timeout=30.0,
+                             averaging_timeout=40.0)
+    async with open_nodes(4) as nodes:
+        await connect_all(nodes)
+        group = make_group(nodes, clients={3})
+        xs = inputs(4)
+        weights = [1.0, 2.0, 3.0, 4.0]
+        truth = weighted_mean(xs, weights, [0, 1, 2])
+        layout = Layout.for_tensors([x.numel() for x in xs[0]], default_fractions(group),
+                                    config.codecs, config.chunk_values)
+        start = trio.current_time()
+        results = {}
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(misbehave, nodes[3], group, [layout] * 4, how)
+
+            async def honest():
+                results.update(await run_all(nodes, group, xs, weights, config, skip={3}))
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(honest)
+        elapsed = trio.current_time() - start
+        for i in range(3):
+            assert results[i].completed
+            assert max_error(results[i].tensors, truth) < 1e-6
+            assert 3 in results[i].excluded
+            assert results[i].contributors() == {0, 1, 2}
+        if how == "stall":
+            assert config.sender_timeout <= elapsed < config.sender_timeout + 10.0
+        else:
+            assert elapsed < config.sender_timeout
+        assert all(n.averaging.statistics()["active"] == 0 for n in nodes)
+
+
+async def test_different_tensors_are_refused_as_layout_mismatch_without_hanging():
+    config = AllReduceConfig(codecs=CodecPolicy(large="none"), sender_timeout=1.0,
+                             reducer_timeout=2.0, averaging_timeout=10.0)
+    async with open_nodes(2) as nodes:
+        await connect_all(nodes)
+        group = make_group(nodes)
+        xs = [[torch.ones(100)], [torch.ones(101)]]
+        with trio.fail_after(8):
+            results = await run_all(nodes, group, xs, [1.0, 1.0], config)
+        for i in range(2):
+            assert not results[i].completed
+            failed = [p for p in results[i].parts if not p.completed]
+            assert any("layout_mismatch" in (p.error or "") for p in failed)
+            # a part that did not complete keeps the member's own values
+            assert torch.equal(results[i].tensors[0], xs[i][0])
+
+
+async def test_bad_arguments_are_clear_errors():
+    async with open_nodes(2) as nodes:
+        group = make_group(nodes)
+        service = nodes[0].averaging
+        for tensors, weight, match in [
+            ([torch.ones(3)], float("nan"), "weight"),
+            ([torch.ones(3)], -1.0, "weight"),
+            ([torch.ones(3, dtype=torch.int64)], 1.0, "floating-point"),
+            (torch.ones(3), 1.0, "sequence"),
+            ([], 1.0, "empty"),
+            ([torch.tensor([1.0, float("inf")])], 1.0, "NaN or infinite"),
+        ]:
+            with pytest.raises(ConfigError, match=match):
+                await service.all_reduce(group, tensors, weight=weight)
+        other = Group(b"x" * 32, "run", 1, (GroupMemberInfo(nodes[1].peer_id),))
+        with pytest.raises(ConfigError, match="not a member"):
+            await service.all_reduce(other, [torch.ones(3)])
+        with pytest.raises(ConfigError):
+            AllReduceConfig(sender_timeout=10, reducer_timeout=5)
+
+
+async def test_streams_for_unknown_or_finished_groups_are_refused():
+    import dataclasses
+
+    from p2pdl import NodeConfig
+    from p2pdl.averaging._ar_messages import REDUCER_MESSAGES, Reject
+
+    config = dataclasses.replace(NodeConfig(), allreduce=AllReduceConfig(join_wait=0.5))
+    async with open_nodes(2, config) as nodes:
+        await connect_all(nodes)
+        group = make_group(nodes, tag=b"done-round")
+        await run_all(nodes, group, inputs(2), [1.0, 1.0])
+
+        async def begin(group_id):
+            async with nodes[0].open_stream(nodes[1].peer_id, ALLREDUCE_PROTOCOL_ID) as stream:
+                await stream.send_message(Begin(group_id, 0, 1, b"\0" * 32, 1.0))
+                with trio.fail_after(5):
+                    _, reply = await stream.receive_message(REDUCER_MESSAGES)
+                assert isinstance(reply, Reject)
+                return reply.code
+
+        start = trio.current_time()
+        assert await begin(b"\1" * 32) == "unknown_group"
+        assert 0.4 < trio.current_time() - start < 3
+        assert await begin(group.group_id) == "finished"
+        assert nodes[1].averaging.statistics()["streams_rejected"] == 2
