@@ -27,6 +27,7 @@ from .dht import DHTConfig as DHTConfig
 from .dht import Schema as Schema
 from .dht import ValueWithExpiration as ValueWithExpiration
 from .errors import CallTimeoutError as CallTimeoutError
+from .errors import CheckpointError as CheckpointError
 from .errors import ConfigError as ConfigError
 from .errors import IdentityError as IdentityError
 from .errors import LocalProtocolError as LocalProtocolError

@@ -28,6 +28,7 @@ __all__ = [
     "NodeClosedError",
     "RequestError",
     "MatchmakingFailedError",
+    "CheckpointError",
 ]
 
 
@@ -108,4 +109,12 @@ class MatchmakingFailedError(P2PDLError):
     peer formed within ``matchmaking_time``, or the group it could form was
     smaller than ``min_group_size``.  The round failed for this peer only;
     the message says why.
+    """
+
+
+class CheckpointError(P2PDLError):
+    """A checkpoint cannot be written, or no intact checkpoint can be read.
+
+    The message says which file and why (missing, torn, checksum mismatch,
+    unreadable).  Loading leaves damaged files as they are, for inspection.
     """

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(120)
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 
 
-def wait(predicate, seconds: float = 10.0) -> None:
+def wait(predicate, seconds: float = 30.0) -> None:
     import time
     deadline = time.monotonic() + seconds
     while not predicate():
@@ -32,7 +32,7 @@ def test_sync_nodes_track_progress_and_form_a_group():
             wait(lambda: tb.global_progress().samples_accumulated == 60)
             assert not tb.ready_to_step
             tb.report(40, samples_per_second=0.0)
-            progress = ta.wait_ready(timeout=10)
+            progress = ta.wait_ready(timeout=30)
             assert progress.samples_accumulated == 100 and progress.num_peers == 2
             assert ta.update_epoch() == 1 and ta.local_epoch == 1
             with pytest.raises(LocalProtocolError):
@@ -70,7 +70,7 @@ def test_asyncio_faces():
                     b.aio.progress.track("aio-run", 10) as tb:
                 ta.report(4, samples_per_second=0.0)
                 tb.report(6, samples_per_second=0.0)
-                progress = await ta.wait_ready(timeout=10)
+                progress = await ta.wait_ready(timeout=30)
                 assert progress.samples_accumulated == 10
             groups = await asyncio.gather(a.aio.matchmaking.form_group("aio-run", 0),
                                           b.aio.matchmaking.form_group("aio-run", 0))
