@@ -8,6 +8,7 @@ Layers, bottom to top (docs/architecture.md has the map):
 * ``p2pdl.dht`` -- Kademlia DHT: discovery, signed dictionary records (``node.dht``).
 * ``p2pdl.progress`` -- gossip of training progress, when to step (``node.progress``).
 * ``p2pdl.averaging`` -- matchmaking of averaging groups (``node.matchmaking``).
+* ``p2pdl.training`` -- the PyTorch adapter; state sync for joiners (``node.state_sync``).
 * ``p2pdl._node`` -- the node: :func:`open_node` (trio), :class:`Node` (sync,
   with ``node.aio`` for asyncio).
 * ``p2pdl.cli`` -- the ``p2pdl`` command.
@@ -39,10 +40,15 @@ from .errors import ProtocolNotSupportedError as ProtocolNotSupportedError
 from .errors import RemoteError as RemoteError
 from .errors import RemoteProtocolError as RemoteProtocolError
 from .errors import RequestError as RequestError
+from .errors import StateSyncError as StateSyncError
 from .errors import StreamClosedError as StreamClosedError
 from .net import HostConfig as HostConfig
 from .progress import GlobalProgress as GlobalProgress
 from .progress import ProgressConfig as ProgressConfig
+from .training import Optimizer as Optimizer
+from .training import OptimizerConfig as OptimizerConfig
+from .training import StateDownload as StateDownload
+from .training import StateSyncConfig as StateSyncConfig
 from .wire import Message as Message
 from .wire import RpcProtocol as RpcProtocol
 from .wire import WireConfig as WireConfig

@@ -1,18 +1,22 @@
-"""Progress and matchmaking for sync and asyncio code (``Node.progress``, ``node.aio.progress``...).
+"""Progress, matchmaking, averaging and state sync for sync and asyncio code
+(``Node.progress``, ``node.aio.progress``, ``Node.state_sync``...).
 
 The trio objects live on the node's trio thread; these faces call them
 there.  A tracker's short calls (``report``, ``global_progress``) hop to the
 trio thread and back at once; waits (``wait_ready``, ``form_group``) block
-the calling thread, or await in asyncio, with a timeout.
+the calling thread, or await in asyncio, with a timeout.  State sync's
+``share`` and ``unshare`` are thread safe and run in the caller's thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import math
 import threading
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from numbers import Real
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
@@ -23,11 +27,15 @@ from .progress import GlobalProgress, PeerReport, ProgressTracker
 
 if TYPE_CHECKING:
     import torch
+    from libp2p.peer.id import ID
 
     from ._node import AsyncioNode, Node
+    from .net._addrs import PeerIDLike
+    from .training import StateDownload
 
 __all__ = ["SyncProgress", "SyncTracker", "SyncMatchmaking", "AsyncioProgress",
-           "AsyncioTracker", "AsyncioMatchmaking", "SyncAveraging", "AsyncioAveraging"]
+           "AsyncioTracker", "AsyncioMatchmaking", "SyncAveraging", "AsyncioAveraging",
+           "SyncStateSync", "AsyncioStateSync"]
 
 T = TypeVar("T")
 
@@ -35,6 +43,8 @@ T = TypeVar("T")
 TRACKER_START_TIMEOUT = 30.0
 #: A form_group call waits matchmaking_time plus this (s).
 FORM_GROUP_SLACK = 10.0
+#: A state-sync fetch from sync code waits its timeout plus this (s).
+FETCH_SLACK = 10.0
 
 
 class SyncTracker:
@@ -200,6 +210,45 @@ class SyncAveraging:
         return self._node._run(_async(lambda n: n.averaging.statistics()), 10.0, False)
 
 
+class SyncStateSync:
+    """``node.state_sync`` of a sync :class:`~p2pdl.Node`.
+
+    ``share`` and ``unshare`` call the trio service's thread-safe methods in
+    the calling thread (the manifest is hashed there); ``fetch`` blocks until
+    the download ends (see :meth:`StateSyncService.fetch`).
+    """
+
+    def __init__(self, node: Node) -> None:
+        self._node = node
+
+    def share(self, run_id: str, epoch: int, payload: bytes) -> None:
+        self._node._live().state_sync.share(run_id, epoch, payload)
+
+    def unshare(self, run_id: str) -> None:
+        self._node._live().state_sync.unshare(run_id)
+
+    def fetch(self, run_id: str, donors: Sequence[PeerIDLike], *, min_epoch: int = 0,
+              timeout: float | None = None, digest: bytes | None = None) -> StateDownload:
+        """Block until the state is downloaded (at most ``timeout`` s, default
+        ``fetch_timeout``).  Raises what the trio call raises."""
+        donors = _listed(donors)
+        limit = timeout if isinstance(timeout, Real) and not isinstance(timeout, bool) \
+            else self._node.config.state_sync.fetch_timeout
+        wait = float(limit) + FETCH_SLACK if math.isfinite(limit) else None
+        return self._node._run(lambda n: n.state_sync.fetch(run_id, donors, min_epoch=min_epoch,
+                                                            timeout=timeout, digest=digest),
+                               wait, False)
+
+    def offers(self, run_id: str, donors: Sequence[PeerIDLike]) -> dict[ID, tuple[int, bytes]]:
+        """Block until every donor said what it offers (see :meth:`StateSyncService.offers`)."""
+        donors = _listed(donors)
+        wait = self._node.config.state_sync.request_timeout + FETCH_SLACK
+        return self._node._run(lambda n: n.state_sync.offers(run_id, donors), wait, False)
+
+    def statistics(self) -> dict[str, Any]:
+        return self._node._run(_async(lambda n: n.state_sync.statistics()), 10.0, False)
+
+
 class AsyncioTracker:
     """A progress tracker for asyncio code (``async with node.aio.progress.track(...)``).
 
@@ -277,3 +326,45 @@ def _async(fn: Callable[[Any], T]) -> Callable[[Any], Any]:
     async def run(node: Any) -> T:
         return fn(node)
     return run
+
+
+class AsyncioStateSync:
+    """``node.aio.state_sync``: ``fetch`` awaited; ``share`` and ``unshare`` as in sync code
+    (they hash in the calling thread: share large payloads with ``asyncio.to_thread``)."""
+
+    def __init__(self, aio: AsyncioNode) -> None:
+        self._aio = aio
+
+    def share(self, run_id: str, epoch: int, payload: bytes) -> None:
+        self._aio._node._live().state_sync.share(run_id, epoch, payload)
+
+    def unshare(self, run_id: str) -> None:
+        self._aio._node._live().state_sync.unshare(run_id)
+
+    async def fetch(self, run_id: str, donors: Sequence[PeerIDLike], *, min_epoch: int = 0,
+                    timeout: float | None = None, digest: bytes | None = None
+                    ) -> StateDownload:
+        donors = _listed(donors)
+        return await self._aio._await(lambda n: n.state_sync.fetch(run_id, donors,
+                                                                   min_epoch=min_epoch,
+                                                                   timeout=timeout,
+                                                                   digest=digest))
+
+    async def offers(self, run_id: str, donors: Sequence[PeerIDLike]
+                     ) -> dict[ID, tuple[int, bytes]]:
+        donors = _listed(donors)
+        return await self._aio._await(lambda n: n.state_sync.offers(run_id, donors))
+
+    async def statistics(self) -> dict[str, Any]:
+        return await self._aio._await(_async(lambda n: n.state_sync.statistics()))
+
+
+def _listed(donors: Any) -> Any:
+    """``donors`` as a list, read in the caller's thread (a non-sequence is left for
+    the service to refuse with a clear ConfigError)."""
+    if isinstance(donors, str):
+        return donors
+    try:
+        return list(donors)
+    except TypeError:
+        return donors

@@ -33,9 +33,11 @@ from ._faces import (
     AsyncioAveraging,
     AsyncioMatchmaking,
     AsyncioProgress,
+    AsyncioStateSync,
     SyncAveraging,
     SyncMatchmaking,
     SyncProgress,
+    SyncStateSync,
 )
 from .averaging import (
     ALLREDUCE_PROTOCOL_ID,
@@ -51,6 +53,7 @@ from .nat import DIALBACK, NatService, Reachability, ReachabilityConfig
 from .net import Host, HostConfig, open_host
 from .net._addrs import PeerIDLike
 from .progress import PROGRESS_PROTOCOL, ProgressConfig, ProgressService
+from .training import STATESYNC_PROTOCOL_ID, StateSyncConfig, StateSyncService
 from .wire import (
     PING,
     FramedStream,
@@ -87,6 +90,7 @@ class NodeConfig:
     progress: ProgressConfig = ProgressConfig()
     matchmaking: MatchmakingConfig = MatchmakingConfig()
     allreduce: AllReduceConfig = AllReduceConfig()
+    state_sync: StateSyncConfig = StateSyncConfig()
 
     @classmethod
     def build(cls, config: NodeConfig | None = None, **host_fields: Any) -> NodeConfig:
@@ -137,6 +141,10 @@ class TrioNode:
         self.serve(MATCHMAKING_PROTOCOL, self._matchmaking.handle)
         self._averaging = AllReduceService(host, config.wire, config.allreduce)
         self.set_stream_handler(ALLREDUCE_PROTOCOL_ID, self._averaging.handle)
+        self._state_sync = StateSyncService(host, self._rpc.call, config.wire, config.state_sync)
+        # Served through its own stream loop (the RPC protocol's), so that it
+        # sees which chunk replies are still waiting to be written: max_concurrent_uploads.
+        self.set_stream_handler(STATESYNC_PROTOCOL_ID, self._state_sync.serve_stream)
 
     # -- identity and peers -------------------------------------------------
 
@@ -175,6 +183,12 @@ class TrioNode:
         """Butterfly all-reduce: ``result = await node.averaging.all_reduce(group, tensors,
         weight=samples)`` (docs/allreduce.md)."""
         return self._averaging
+
+    @property
+    def state_sync(self) -> StateSyncService:
+        """Training state for joiners: ``share(run_id, epoch, payload)``,
+        ``download = await node.state_sync.fetch(run_id, donors)`` (docs/statesync.md)."""
+        return self._state_sync
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -282,7 +296,8 @@ class TrioNode:
                 "paths": {k: paths.count(k) for k in ("direct", "hole-punched", "relayed")},
                 "dht": self._dht.statistics(), "progress": self._progress.statistics(),
                 "matchmaking": self._matchmaking.statistics(),
-                "averaging": self._averaging.statistics()}
+                "averaging": self._averaging.statistics(),
+                "state_sync": self._state_sync.statistics()}
 
     def _close(self) -> None:
         self._rpc.close()
@@ -398,6 +413,7 @@ class Node:
         self.progress = SyncProgress(self)
         self.matchmaking = SyncMatchmaking(self)
         self.averaging = SyncAveraging(self)
+        self.state_sync = SyncStateSync(self)
 
     def _thread_main(self) -> None:
         try:
@@ -578,6 +594,7 @@ class AsyncioNode:
         self.progress = AsyncioProgress(self)
         self.matchmaking = AsyncioMatchmaking(self)
         self.averaging = AsyncioAveraging(self)
+        self.state_sync = AsyncioStateSync(self)
 
     async def _await(self, fn: Callable[[TrioNode], Awaitable[T]]) -> T:
         return await asyncio.wrap_future(self._node._submit(fn))

@@ -1,7 +1,10 @@
 """The ``p2pdl`` command.
 
     p2pdl node [--listen MULTIADDR ...] [--initial-peers MULTIADDR ...] [--identity FILE]
+    p2pdl train [--initial-peers MULTIADDR ...] [--run-id NAME] [--json-lines] ...
+    p2pdl demo [--duration SECONDS] [--out DIR]
 
+``node`` lives here; ``train`` is in ``_train_cli``, ``demo`` in ``_demo``.
 Only subcommands that work are listed; later layers add theirs.
 """
 
@@ -18,7 +21,9 @@ import trio
 
 from . import __version__
 from ._concurrency import open_service_nursery
+from ._demo import add_demo_parser, main_demo
 from ._node import NodeConfig, TrioNode, open_node
+from ._train_cli import add_train_parser, main_train
 from .errors import P2PDLError
 
 logger = logging.getLogger(__name__)
@@ -63,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="log level of p2pdl's messages on stderr (default: warning)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _add_node_parser(sub)
+    add_train_parser(sub)
+    add_demo_parser(sub)
     netlab = sub.add_parser(
         "netlab", add_help=False,
         help="the emulated internet (network namespaces, NAT, bandwidth caps; needs root): "
@@ -127,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(args.log_level)
+    if args.command == "train":
+        return main_train(args)
+    if args.command == "demo":
+        return main_demo(args)
     if getattr(args, "status_interval", 1.0) <= 0:
         parser.error("--status-interval must be positive")
     try:

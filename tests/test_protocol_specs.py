@@ -14,6 +14,7 @@ import p2pdl.averaging as averaging
 import p2pdl.dht as dht
 import p2pdl.nat as nat
 import p2pdl.progress as progress
+import p2pdl.training as training
 import p2pdl.wire as wire
 from p2pdl.averaging import (
     ALLREDUCE_PROTOCOL_ID,
@@ -44,6 +45,10 @@ from p2pdl.progress import PROGRESS_PROTOCOL_ID, SNAPSHOT_PREFIX, ProgressConfig
 from p2pdl.progress import _messages as progress_messages
 from p2pdl.progress import config as progress_config
 from p2pdl.progress._service import MAX_PUSH_BACKOFF
+from p2pdl.training import STATESYNC_PROTOCOL_ID, StateSyncConfig
+from p2pdl.training import _ss_messages as ss_messages
+from p2pdl.training import _statesync as ss_state
+from p2pdl.training import config as ss_config
 from p2pdl.wire import PING_PROTOCOL_ID, WireConfig
 from p2pdl.wire._ping import MAX_PING_PAYLOAD
 
@@ -52,7 +57,8 @@ SPECS = pathlib.Path(__file__).resolve().parents[1] / "protocols"
 #: Protocol ids defined in the code, by spec file.
 CODE_IDS = {"ping.md": PING_PROTOCOL_ID, "transport.md": DIALBACK_PROTOCOL_ID,
             "dht.md": DHT_PROTOCOL_ID, "progress.md": PROGRESS_PROTOCOL_ID,
-            "matchmaking.md": MATCHMAKING_PROTOCOL_ID, "allreduce.md": ALLREDUCE_PROTOCOL_ID}
+            "matchmaking.md": MATCHMAKING_PROTOCOL_ID, "allreduce.md": ALLREDUCE_PROTOCOL_ID,
+            "statesync.md": STATESYNC_PROTOCOL_ID}
 
 
 def spec(name: str) -> str:
@@ -88,7 +94,7 @@ def test_every_spec_states_its_protocol_id_literally():
 
 
 def test_every_protocol_id_in_the_code_has_a_spec():
-    ids_in_code = {v for module in (wire, nat, dht, progress, averaging)
+    ids_in_code = {v for module in (wire, nat, dht, progress, averaging, training)
                    for k, v in vars(module).items()
                    if k.endswith("PROTOCOL_ID")}
     assert ids_in_code <= set(CODE_IDS.values())
@@ -367,3 +373,45 @@ def test_allreduce_messages_codes_and_layout_match_the_code():
     assert f"`{layout.digest.hex()}`" in text
     assert layout.part_bounds == ((0, 52502), (52502, 52502), (52502, 70003))
     assert len(layout.chunks[0]) == 53 and layout.chunks[0][0].count == 3
+
+
+def test_statesync_definitions_match_the_code():
+    rows = definitions(spec("statesync.md"))
+    limits = {name: value for name, value in vars(ss_config).items()
+              if name.isupper() and type(value) is int and name not in ("KiB", "MiB", "GiB")}
+    assert {"MAX_RUN_ID_LENGTH", "MAX_EPOCH", "DIGEST_SIZE", "MIN_CHUNK_SIZE", "MAX_CHUNK_SIZE",
+            "MAX_CHUNKS", "MESSAGE_OVERHEAD"} <= limits.keys()
+    for name, value in limits.items():
+        assert number(rows[name]) == value, name
+    assert number(rows["MAX_BUSY_BACKOFF"]) == ss_state.MAX_BUSY_BACKOFF
+    defaults = StateSyncConfig()
+    for field in dataclasses.fields(StateSyncConfig):
+        assert number(rows[field.name]) == getattr(defaults, field.name), field.name
+    # The manifest of the largest payload and the largest chunk fit the default wire.
+    limit = WireConfig().max_message_size
+    assert ss_config.MAX_CHUNKS * ss_config.DIGEST_SIZE + ss_config.MESSAGE_OVERHEAD <= limit
+    assert ss_config.MAX_CHUNK_SIZE + ss_config.MESSAGE_OVERHEAD <= limit
+
+
+def test_statesync_messages_codes_and_example_match_the_code():
+    text = spec("statesync.md")
+    messages = section(text, "Messages")
+    protocol = ss_messages.STATESYNC_PROTOCOL
+    for message in (*protocol.requests, *protocol.responses):
+        if message.TAG == "error":
+            continue
+        assert f"| `{message.TAG}` |" in messages, message.TAG
+        for field in dataclasses.fields(message):
+            assert f"| `{field.name}` |" in messages, (message.TAG, field.name)
+    errors = section(text, "Errors")
+    assert set(re.findall(r"^\| `(\w+)` \|", errors, re.MULTILINE)) == \
+        set(ss_messages.REFUSAL_CODES)
+    # The worked example: a manifest and a chunk request.
+    payload = bytes(range(256)) * 20
+    manifest = ss_state.Manifest.build(3, payload, 4096)
+    assert manifest.num_chunks == 2 and manifest.digest == hashlib.sha256(payload).digest()
+    assert f"`{manifest.digest.hex()}`" in messages
+    assert f"`{manifest.chunk_digests[:32].hex()}`" in messages
+    assert f"`{manifest.chunk_digests[32:].hex()}`" in messages
+    request = wire.encode_message(ss_messages.GetChunk("demo", manifest.digest, 1), 7)
+    assert f"`{request.hex()}`" in messages

@@ -9,7 +9,8 @@ README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_trio_quick_start_runs(capsys):
-    block = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[0]
+    block = next(b for b in re.findall(r"```python\n(.*?)```", README.read_text(), re.S)
+                 if "trio.run(main)" in b)
     exec(compile(block, "README.md", "exec"), {"__name__": "__main__"})
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "Sum(value=5)"

@@ -544,7 +544,11 @@ class ProgressTracker:
             alone = not self._contacts
             partitioned = now - self._last_live > self.config.partition_timeout
             if clock >= next_read and (alone or partitioned):
-                await self._read_snapshot(dht, key)
+                if alone and self._own is not None:
+                    # A store made before the DHT knew any other node stayed
+                    # here only; store again so the others' reads can find us.
+                    await self._store_snapshot(dht, key)
+                await self._read_snapshot(dht, key, latest=alone)
                 if alone and not self._contacts:
                     alone_backoff = min(alone_backoff * 2, self.config.sync_interval * 2)
                 else:
@@ -566,10 +570,12 @@ class ProgressTracker:
             logger.debug("run %s: storing the snapshot failed: %s", self.run_id, exc)
         self._counters["snapshots_stored" if ok else "snapshots_failed"] += 1
 
-    async def _read_snapshot(self, dht: DHTService, key: str) -> None:
+    async def _read_snapshot(self, dht: DHTService, key: str, latest: bool = False) -> None:
         self._counters["snapshot_fetches"] += 1
         try:
-            found = await dht.get(key)  # a replica's copy: pushes fill in the rest
+            # A replica's copy: pushes fill in the rest.  While alone, ask the
+            # nearest nodes (latest): this node's own copy may hold only itself.
+            found = await dht.get(key, latest=latest)
         except P2PDLError as exc:
             logger.debug("run %s: reading the snapshot failed: %s", self.run_id, exc)
             return

@@ -1,0 +1,535 @@
+"""``p2pdl train``: a training peer of the built-in example task.
+
+    p2pdl train [--initial-peers MULTIADDR ...] [--run-id NAME] [--auxiliary | --client-mode]
+                [--target-batch-size N] [--batch-size N] [--duration S] [--json-lines] ...
+
+One process is one peer: a sync :class:`~p2pdl.Node` (trio in its thread)
+and a :class:`~p2pdl.Optimizer` over the example model
+(``p2pdl.training._example``), trained by a plain loop in the main thread.
+Every peer builds the model from ``ExampleConfig.seed``, so all start from
+the same parameters; each draws its own batches (``--peer-index``).
+
+Output is either human (the addresses, then a status line every
+``--status-interval`` seconds) or, with ``--json-lines``, one JSON object per
+line on stdout (see :data:`EVENTS`), for ``p2pdl demo`` and other programs.
+
+Stopping: SIGINT or SIGTERM interrupts whatever the loop is doing (a local
+step, or a wait for a round: the round is abandoned), then the optimizer is
+closed and the node shut down, within seconds; the exit status is 0, as when
+``--duration`` or ``--max-epochs`` ends the run.  A second signal exits at
+once (status 130).  If stdout goes away (the reader died), the peer stops too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import math
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from .errors import P2PDLError
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between human status lines (default of --status-interval).
+STATUS_INTERVAL = 5.0
+#: Most seconds between two ``step`` events with --json-lines (besides one per epoch).
+EVENT_INTERVAL = 1.0
+#: Weight of the newest batch in the training-loss moving average (~10 steps).
+LOSS_EMA_WEIGHT = 0.1
+#: How long an auxiliary peer's ``step()`` waits for a round before the loop
+#: looks at its deadline and signals again (s).
+AUX_READY_TIMEOUT = 10.0
+#: Held-out batches (of --batch-size windows) per evaluation, by default.
+EVAL_BATCHES = 4
+#: Longest wait for --wait-for-peers, by default (s).
+WAIT_FOR_PEERS_TIMEOUT = 60.0
+
+#: The events of --json-lines, each one JSON object on one line of stdout.
+EVENTS = {
+    "ready": "peer_id, addrs, peer_index, role (trainer | auxiliary), client_mode, "
+             "run_id, target, batch_size, parameters",
+    "started": "training began (after --wait-for-peers): peers",
+    "step": "t (s since training began), epoch, loss (moving average of the local "
+            "training loss), samples (local total), global_samples, target, peers, "
+            "stepped (a global step in this call), outcome, group_size, round_seconds; "
+            "one per epoch and at least every second",
+    "eval": "t, epoch, val_loss (held-out loss of the current parameters)",
+    "done": "t, reason (duration | max-epochs | signal | stdout-closed), epoch, samples, "
+            "local_steps, loss, val_loss (the latest held-out loss; measured at the end "
+            "unless stopped by a signal), samples_per_second, statistics",
+}
+
+
+# -- argument parsing --------------------------------------------------------------
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def add_train_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``p2pdl train`` to the ``p2pdl`` parser's subcommands."""
+    p = sub.add_parser(
+        "train", help="train the built-in example model (a small byte-level transformer on "
+                      "Python's documentation) as one peer of a collaboration",
+        description="Train the built-in example task as one peer: a small transformer language "
+                    "model on the documentation text that ships with Python (no downloads).  "
+                    "Peers with the same --run-id that reach each other (--initial-peers) "
+                    "train one model together.  Ctrl-C or SIGTERM stops it cleanly.")
+    p.add_argument("--run-id", default="p2pdl-example",
+                   help="the collaboration's name; every peer of a run uses the same "
+                        "(default: p2pdl-example)")
+    p.add_argument("--initial-peers", nargs="+", metavar="MULTIADDR", default=[],
+                   help="full addresses (.../p2p/<id>) of peers to join through")
+    p.add_argument("--listen", nargs="+", metavar="MULTIADDR", default=["/ip4/0.0.0.0/tcp/0"],
+                   help="addresses to listen on (default: /ip4/0.0.0.0/tcp/0)")
+    p.add_argument("--identity", metavar="FILE",
+                   help="ed25519 identity file, created (mode 0600) if missing; "
+                        "default: a new identity every run")
+    role = p.add_mutually_exclusive_group()
+    role.add_argument("--client-mode", action="store_true",
+                      help="never accept connections (a peer behind NAT): send parts, "
+                           "reduce none")
+    role.add_argument("--auxiliary", action="store_true",
+                      help="compute no gradients: only help average (a CPU box with a good link)")
+    p.add_argument("--target-batch-size", type=_positive_int, default=256, metavar="N",
+                   help="samples the whole swarm processes per global step (default 256)")
+    p.add_argument("--batch-size", type=_positive_int, default=None, metavar="N",
+                   help="samples per local step (default: the example's 16)")
+    p.add_argument("--lr", type=_positive_float, default=1e-3,
+                   help="AdamW learning rate (the inner one with --mode diloco; default 1e-3)")
+    p.add_argument("--mode", choices=["dedloc", "diloco"], default="dedloc",
+                   help="dedloc: average gradients, one global step per epoch (default); "
+                        "diloco: local steps, then average the parameter deltas")
+    p.add_argument("--delay-updates", action="store_true",
+                   help="average in the background while the next batches compute; the "
+                        "result is applied one step late (dedloc only)")
+    p.add_argument("--matchmaking-time", type=_positive_float, default=None, metavar="SECONDS",
+                   help="longest wait to form an averaging group (default: the node's, 15 s)")
+    p.add_argument("--discovery-time", type=_non_negative_float, default=None, metavar="SECONDS",
+                   help="how long a peer that sees no other keeps accumulating before it steps "
+                        "alone (default: the optimizer's, 10 s; 0 for a peer meant to train "
+                        "alone)")
+    p.add_argument("--bandwidth", type=_positive_float, default=None, metavar="MBIT_S",
+                   help="this peer's bandwidth in Mbit/s, for the load plan (default: unknown)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="write checkpoints here and resume from the newest (default: none)")
+    p.add_argument("--checkpoint-every", type=_positive_int, default=10, metavar="EPOCHS",
+                   help="epochs between checkpoints (default 10)")
+    p.add_argument("--peer-index", type=_non_negative_int, default=None, metavar="N",
+                   help="which stream of training batches to draw (default: derived from the "
+                        "peer id, so peers differ)")
+    p.add_argument("--max-epochs", type=_positive_int, default=None, metavar="N",
+                   help="stop once the model has taken this many global steps")
+    p.add_argument("--duration", type=_positive_float, default=None, metavar="SECONDS",
+                   help="stop after training this long (default: until stopped)")
+    p.add_argument("--wait-for-peers", type=_positive_int, default=1, metavar="N",
+                   help="before training, wait until N peers (this one included, auxiliary "
+                        "ones too) take part in the run, at most --wait-timeout (default 1)")
+    p.add_argument("--wait-timeout", type=_positive_float, default=WAIT_FOR_PEERS_TIMEOUT,
+                   metavar="SECONDS",
+                   help=f"longest wait for --wait-for-peers (default {WAIT_FOR_PEERS_TIMEOUT:g})")
+    p.add_argument("--threads", type=_positive_int, default=1,
+                   help="torch threads (default 1)")
+    p.add_argument("--eval-every", type=_positive_int, default=None, metavar="EPOCHS",
+                   help="measure the held-out loss every this many epochs, and at the start "
+                        "and the end (default: only at the end)")
+    p.add_argument("--eval-batches", type=_positive_int, default=EVAL_BATCHES, metavar="N",
+                   help=f"held-out batches per evaluation (default {EVAL_BATCHES}; "
+                        f"the held-out text has 12 of 16 windows)")
+    p.add_argument("--json-lines", action="store_true",
+                   help="print machine-readable events on stdout, one JSON object per line "
+                        "(ready, started, step, eval, done)")
+    p.add_argument("--status-interval", type=_positive_float, default=STATUS_INTERVAL,
+                   metavar="SECONDS",
+                   help=f"seconds between human status lines (default {STATUS_INTERVAL:g})")
+
+
+# -- signals -----------------------------------------------------------------------
+
+class _Stopped(Exception):
+    """Raised in the main thread by the first SIGINT / SIGTERM (or a closed stdout)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _Interrupts:
+    """SIGINT and SIGTERM stop the run: the first raises :class:`_Stopped` in
+    the main thread, unless inside :meth:`shielded` (then it is raised when the
+    shield ends); a second one raises KeyboardInterrupt (exit at once)."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._shield = 0
+        self._closing = False
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> None:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.reason is not None:
+            raise KeyboardInterrupt
+        self.reason = "signal"
+        logger.info("received %s, stopping", signal.Signals(signum).name)
+        if not self._shield and not self._closing:
+            raise _Stopped("signal")
+
+    @contextlib.contextmanager
+    def shielded(self) -> Iterator[None]:
+        """Defer the first signal until the block ends (for whole output lines)."""
+        self._shield += 1
+        try:
+            yield
+        finally:
+            self._shield -= 1
+        if not self._shield and not self._closing and self.reason is not None:
+            raise _Stopped(self.reason)
+
+    def closing(self) -> None:
+        """From now on the first signal only records (cleanup runs to its end)."""
+        self._closing = True
+
+
+# -- output ------------------------------------------------------------------------
+
+class _Output:
+    """Events as JSON lines, or human lines; a write to a closed stdout stops the run."""
+
+    def __init__(self, json_lines: bool, interrupts: _Interrupts) -> None:
+        self.json_lines = json_lines
+        self._interrupts = interrupts
+
+    def _write(self, text: str) -> None:
+        with self._interrupts.shielded():
+            try:
+                sys.stdout.write(text + "\n")
+                sys.stdout.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                if self._interrupts.reason is None:
+                    self._interrupts.reason = "stdout-closed"
+                raise _Stopped("stdout-closed") from None
+
+    def event(self, name: str, **fields: Any) -> None:
+        if self.json_lines:
+            self._write(json.dumps({"event": name, **fields}, default=_jsonable,
+                                   allow_nan=False))
+
+    def human(self, text: str) -> None:
+        if not self.json_lines:
+            self._write(text)
+
+
+def _jsonable(value: Any) -> Any:
+    return str(value)
+
+
+def _finite(value: float | None, digits: int = 4) -> float | None:
+    """JSON has no NaN or infinity: those become null."""
+    if value is None or not math.isfinite(value):
+        return None
+    return round(float(value), digits)
+
+
+def derive_peer_index(peer_id_bytes: bytes) -> int:
+    """A stable stream index from a peer id (different peers, different batches)."""
+    return int.from_bytes(hashlib.blake2b(peer_id_bytes, digest_size=4).digest(), "big")
+
+
+# -- the run -----------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Progress:
+    """What the loop knows of its own training, for events and status lines."""
+
+    start: float = 0.0
+    loss: float | None = None
+    val_loss: float | None = None
+    samples: int = 0
+    last_event: float = -math.inf
+    last_status: float = -math.inf
+    last_epoch: int = 0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start if self.start else 0.0
+
+    def add_loss(self, loss: float) -> None:
+        self.loss = loss if self.loss is None else \
+            (1 - LOSS_EMA_WEIGHT) * self.loss + LOSS_EMA_WEIGHT * loss
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """Run ``p2pdl train`` with parsed ``args``; return the exit status.
+
+    Raises :class:`~p2pdl.errors.P2PDLError` (a ConfigError for bad input)
+    for the caller to print.
+    """
+    interrupts = _Interrupts()
+    interrupts.install()
+    try:
+        return _run(args, interrupts)
+    except _Stopped:  # a signal before the node or the optimizer was up
+        return 0
+    finally:
+        interrupts.restore()
+
+
+def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
+    import torch
+
+    from ._node import Node, NodeConfig
+    from .training import Optimizer
+    from .training._example import ExampleConfig, ExampleTask, count_parameters
+
+    torch.set_num_threads(args.threads)
+    with contextlib.suppress(RuntimeError):  # only possible before any parallel work
+        torch.set_num_interop_threads(1)
+    example = ExampleConfig() if args.batch_size is None \
+        else ExampleConfig(batch_size=args.batch_size)
+    task = ExampleTask(example)
+    model = task.build_model()
+
+    config = NodeConfig.build(listen=args.listen, initial_peers=args.initial_peers,
+                              identity_path=args.identity)
+    if args.client_mode:
+        config = dataclasses.replace(config,
+                                     nat=dataclasses.replace(config.nat, client_mode=True))
+    out = _Output(args.json_lines, interrupts)
+    node = Node(config, handle_sigterm=False)
+    opt: Any = None
+    progress = _Progress()
+    reason = "duration"
+    # What ends the run, for the optimizer's __exit__: on a stop or an error a
+    # round in flight is abandoned rather than waited for.
+    exc_info: tuple[Any, Any, Any] = (None, None, None)
+    try:
+        peer_index = args.peer_index if args.peer_index is not None \
+            else derive_peer_index(node.peer_id.to_bytes())
+        options: dict[str, Any] = {"mode": args.mode, "delay_updates": args.delay_updates,
+                                   "auxiliary": args.auxiliary,
+                                   "checkpoint_every": args.checkpoint_every}
+        if args.auxiliary:
+            options["ready_timeout"] = AUX_READY_TIMEOUT
+        if args.matchmaking_time is not None:
+            options["matchmaking_time"] = args.matchmaking_time
+        if args.discovery_time is not None:
+            options["discovery_time"] = args.discovery_time
+        if args.bandwidth is not None:
+            options["bandwidth"] = args.bandwidth * 1e6 / 8
+        if args.checkpoint_dir is not None:
+            options["checkpoint_dir"] = args.checkpoint_dir
+        opt = Optimizer(node=node, run_id=args.run_id,
+                        optimizer=torch.optim.AdamW(model.parameters(), lr=args.lr),
+                        target_batch_size=args.target_batch_size,
+                        batch_size_per_step=example.batch_size, **options)
+        addrs = node.addrs
+        out.event("ready", peer_id=str(node.peer_id), addrs=addrs, peer_index=peer_index,
+                  role="auxiliary" if args.auxiliary else "trainer",
+                  client_mode=args.client_mode, run_id=args.run_id,
+                  target=args.target_batch_size, batch_size=example.batch_size,
+                  parameters=count_parameters(model), epoch=opt.local_epoch)
+        for addr in addrs:
+            out.human(addr)
+        _wait_for_peers(opt, args, out)
+        progress.start = time.monotonic()
+        progress.last_epoch = opt.local_epoch
+        out.event("started", peers=opt.global_progress().num_peers, epoch=opt.local_epoch)
+        if args.eval_every is not None and not args.auxiliary:
+            _evaluate(task, model, opt, args, progress, out)
+        if args.auxiliary:
+            reason = _assist_loop(opt, args, progress, out)
+        else:
+            reason = _train_loop(task, model, opt, args, peer_index, progress, out)
+    except _Stopped as exc:
+        reason = exc.reason
+        exc_info = (type(exc), exc, None)
+    except BaseException as exc:
+        exc_info = (type(exc), exc, exc.__traceback__)
+        raise
+    finally:
+        interrupts.closing()
+        try:
+            if opt is not None:
+                opt.__exit__(*exc_info)
+        finally:
+            node.shutdown()
+    if opt is None:
+        return 0
+    stopped = reason in ("signal", "stdout-closed")
+    if not args.auxiliary and not stopped:  # a stop should be quick: no final evaluation
+        with contextlib.suppress(_Stopped):
+            progress.val_loss = task.validation_loss(model, max_batches=args.eval_batches)
+    elapsed = progress.elapsed()
+    stats = opt.statistics()
+    sps = progress.samples / elapsed if elapsed > 0 else 0.0
+    with contextlib.suppress(_Stopped):
+        out.event("done", t=_finite(elapsed, 3), reason=reason, epoch=opt.local_epoch,
+                  samples=progress.samples, local_steps=stats["local_steps"],
+                  loss=_finite(progress.loss), val_loss=_finite(progress.val_loss),
+                  samples_per_second=_finite(sps, 2), statistics=stats)
+        out.human(f"done ({reason}): epoch {opt.local_epoch}, {progress.samples} samples in "
+                  f"{elapsed:.0f} s ({sps:.1f} samples/s), loss {_fmt(progress.loss)}, "
+                  f"held-out loss {_fmt(progress.val_loss)}")
+    return 0
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _deadline_passed(args: argparse.Namespace, progress: _Progress) -> bool:
+    return args.duration is not None and progress.elapsed() >= args.duration
+
+
+def _wait_for_peers(opt: Any, args: argparse.Namespace, out: _Output) -> None:
+    if args.wait_for_peers <= 1:
+        return
+    deadline = time.monotonic() + args.wait_timeout
+    last = 0.0
+    while True:
+        peers = opt.global_progress().num_peers
+        if peers >= args.wait_for_peers:
+            return
+        if time.monotonic() >= deadline:
+            logger.warning("only %d of %d peers joined within %.0f s; training anyway",
+                           peers, args.wait_for_peers, args.wait_timeout)
+            return
+        if time.monotonic() - last >= args.status_interval:
+            last = time.monotonic()
+            out.human(f"waiting for peers: {peers} of {args.wait_for_peers}")
+        time.sleep(0.1)
+
+
+def _train_loop(task: Any, model: Any, opt: Any, args: argparse.Namespace, peer_index: int,
+                progress: _Progress, out: _Output) -> str:
+    batches = task.batches(peer_index=peer_index)
+    batch_size = task.config.batch_size
+    while True:
+        if _deadline_passed(args, progress):
+            return "duration"
+        if args.max_epochs is not None and opt.local_epoch >= args.max_epochs:
+            return "max-epochs"
+        loss = model.loss(next(batches))
+        loss.backward()
+        stepped = opt.step()
+        opt.zero_grad()
+        progress.add_loss(float(loss.detach()))
+        progress.samples += batch_size
+        _report(opt, args, progress, out, stepped)
+        if args.eval_every is not None and opt.local_epoch != progress.last_epoch \
+                and opt.local_epoch % args.eval_every == 0:
+            _evaluate(task, model, opt, args, progress, out)
+        progress.last_epoch = opt.local_epoch
+
+
+def _assist_loop(opt: Any, args: argparse.Namespace, progress: _Progress,
+                 out: _Output) -> str:
+    while True:
+        if _deadline_passed(args, progress):
+            return "duration"
+        if args.max_epochs is not None and opt.local_epoch >= args.max_epochs:
+            return "max-epochs"
+        stepped = opt.step()
+        _report(opt, args, progress, out, stepped)
+        progress.last_epoch = opt.local_epoch
+
+
+def _report(opt: Any, args: argparse.Namespace, progress: _Progress, out: _Output,
+            stepped: bool) -> None:
+    now = time.monotonic()
+    new_epoch = opt.local_epoch != progress.last_epoch
+    event_due = out.json_lines and (new_epoch or now - progress.last_event >= EVENT_INTERVAL)
+    status_due = not out.json_lines and now - progress.last_status >= args.status_interval
+    if not (event_due or status_due):
+        return
+    gp = opt.global_progress()
+    info = opt.last_round
+    if event_due:
+        progress.last_event = now
+        out.event("step", t=_finite(progress.elapsed(), 3), epoch=opt.local_epoch,
+                  loss=_finite(progress.loss), samples=progress.samples,
+                  global_samples=gp.samples_accumulated, target=gp.target_batch_size,
+                  peers=gp.num_peers, clients=gp.num_clients, auxiliary=gp.num_auxiliary,
+                  swarm_samples_per_second=_finite(gp.samples_per_second, 1),
+                  stepped=stepped, outcome=info.outcome if info else None,
+                  group_size=info.group_size if info else None,
+                  round_seconds=_finite(info.seconds, 3) if info else None)
+    if status_due:
+        progress.last_status = now
+        last = "none yet" if info is None else \
+            f"{info.outcome} ({info.group_size} peer(s), {info.seconds:.1f} s)"
+        out.human(f"status: epoch {opt.local_epoch} | loss {_fmt(progress.loss)} | "
+                  f"swarm {gp.samples_accumulated}/{gp.target_batch_size} samples | "
+                  f"{gp.num_peers} peer(s) ({gp.num_clients} client, {gp.num_auxiliary} "
+                  f"auxiliary) | {gp.samples_per_second:.0f} samples/s | last round {last} | "
+                  f"up {progress.elapsed():.0f} s")
+
+
+def _evaluate(task: Any, model: Any, opt: Any, args: argparse.Namespace,
+              progress: _Progress, out: _Output) -> None:
+    progress.val_loss = task.validation_loss(model, max_batches=args.eval_batches)
+    out.event("eval", t=_finite(progress.elapsed(), 3), epoch=opt.local_epoch,
+              val_loss=_finite(progress.val_loss))
+    out.human(f"eval: epoch {opt.local_epoch} | held-out loss {progress.val_loss:.3f}")
+
+
+def main_train(args: argparse.Namespace) -> int:
+    """``p2pdl train``: bad input is a one-line error and status 2."""
+    try:
+        return run_train(args)
+    except P2PDLError as exc:
+        print(f"p2pdl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # a second signal while stopping
+        return 130

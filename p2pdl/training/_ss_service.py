@@ -1,0 +1,527 @@
+"""The state-sync service of a node (``node.state_sync``): share snapshots, fetch them.
+
+A training peer that joins late or falls an epoch behind downloads the
+training state (already serialized by the caller into one ``bytes``
+payload) from peers at the newest epoch:
+
+* **donor** -- :meth:`StateSyncService.share` keeps the newest
+  ``keep_snapshots`` payloads of a run with their manifests (thread safe:
+  the sync Node's user thread calls it while the trio thread serves); the
+  handler answers ``ss.get_manifest`` and ``ss.get_chunk`` from them and
+  refuses ``busy`` while ``max_concurrent_uploads`` chunk replies wait to be
+  written.
+* **fetcher** -- :meth:`StateSyncService.fetch` asks every donor for its
+  manifest (in parallel, bounded), picks the newest epoch the most donors
+  agree on, and downloads the chunks from all donors offering it at once,
+  verifying each one; failed chunks are asked of another donor.  Verified
+  chunks of an unfinished download stay here, so a later fetch of the same
+  state resumes.
+
+The logic is in ``_statesync`` (sans-IO); this module moves its messages.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import trio
+from libp2p.peer.id import ID
+
+from ..errors import (
+    CallTimeoutError,
+    ConfigError,
+    LocalProtocolError,
+    NodeClosedError,
+    P2PDLError,
+    RemoteProtocolError,
+    StateSyncError,
+)
+from ..net import Host
+from ..net._addrs import PeerIDLike, parse_peer_id
+from ..wire import FramedStream, Message, RequestContext, WireConfig
+from ..wire._rpc import serve_rpc_stream
+from ._ss_messages import (
+    STATESYNC_PROTOCOL,
+    ChunkReply,
+    GetChunk,
+    GetManifest,
+    ManifestReply,
+    Refused,
+)
+from ._statesync import (
+    ChunkPlan,
+    Failure,
+    Manifest,
+    PartialDownload,
+    PartialStore,
+    Snapshot,
+    SnapshotTable,
+    check_run_id,
+    choose_manifest,
+)
+from .config import DIGEST_SIZE, MAX_EPOCH, StateSyncConfig
+
+__all__ = ["StateSyncService", "StateDownload", "STATESYNC_COUNTERS"]
+
+logger = logging.getLogger(__name__)
+
+Call = Callable[..., Awaitable[Message]]
+
+#: The counters of :meth:`StateSyncService.statistics` (all present, from 0).
+STATESYNC_COUNTERS = (
+    # donor
+    "shared", "unshared", "snapshots_dropped", "manifests_served", "chunks_served",
+    "bytes_served", "busy_refusals", "refusals",
+    # fetcher
+    "fetches", "fetches_completed", "fetches_failed", "manifest_requests", "bad_manifests",
+    "chunks_fetched", "bytes_fetched", "chunk_failures", "bad_chunks", "busy_answers",
+    "gone_answers", "resumed_chunks", "donors_dropped")
+
+#: Payloads larger than this are joined and hashed in a worker thread: hashing
+#: gigabytes on the trio thread would stall every protocol of the node for
+#: seconds (hashlib releases the GIL).
+THREAD_HASH_THRESHOLD = 8 * 1024 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class StateDownload:
+    """The result of :meth:`StateSyncService.fetch`.
+
+    Attributes:
+        epoch: the epoch of the downloaded state.
+        payload: the state, verified against ``digest``.
+        digest: SHA-256 of ``payload``.
+        donors: the donors that delivered chunks of it.
+        chunks: chunks of the payload.
+        resumed_chunks: chunks kept from an earlier, unfinished fetch.
+        seconds: how long the fetch took.
+    """
+
+    epoch: int
+    payload: bytes = dataclasses.field(repr=False)
+    digest: bytes
+    donors: tuple[ID, ...]
+    chunks: int
+    resumed_chunks: int
+    seconds: float
+
+
+class _Wakeup:
+    """Set when a chunk request of a download ends."""
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+
+    def set(self) -> None:
+        self.event.set()
+
+
+class StateSyncService:
+    """Shares this node's training state and downloads others' (``node.state_sync``)."""
+
+    def __init__(self, host: Host, call: Call, wire: WireConfig,
+                 config: StateSyncConfig | None = None) -> None:
+        self.config = config or StateSyncConfig()
+        need = max(self.config.manifest_message_bound(), self.config.chunk_message_bound())
+        if need > wire.max_message_size:
+            raise ConfigError(f"StateSyncConfig needs messages of up to {need} bytes, above the "
+                              f"wire's max_message_size ({wire.max_message_size}): lower "
+                              f"max_state_bytes or chunk_size")
+        self._host = host
+        self._call = call
+        self._wire = wire
+        # share/unshare/statistics may run on any thread; the rest on the trio thread.
+        self._lock = threading.Lock()
+        self._table = SnapshotTable(self.config.keep_snapshots, self.config.max_runs)
+        self._partials = PartialStore(self.config.max_state_bytes, self.config.max_runs)
+        self._fetching: set[str] = set()
+        # Serving streams -> replies handed to the wire on each: those not yet
+        # written (handed minus frames sent) are the uploads in flight.
+        self._streams: dict[FramedStream, int] = {}
+        self._counters = dict.fromkeys(STATESYNC_COUNTERS, 0)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counters[name] += n
+
+    # -- the donor ----------------------------------------------------------------
+
+    def share(self, run_id: str, epoch: int, payload: bytes) -> None:
+        """Offer ``payload``, the state of ``run_id`` at ``epoch``, to fetchers.
+
+        Safe to call from any thread; the manifest is hashed in the caller's
+        thread.  The newest ``keep_snapshots`` snapshots of the run are kept
+        (downloads of the previous one can finish); sharing the same epoch
+        again replaces the newest.  The payload is kept as given, not copied
+        (a ``bytearray`` or ``memoryview`` is copied once); do not change it.
+
+        Raises :class:`ConfigError` for a bad run id or epoch, an empty
+        payload or one over ``max_state_bytes``, an epoch behind the one
+        shared, or a new run beyond ``max_runs``.
+        """
+        check_run_id(run_id)
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= MAX_EPOCH:
+            raise ConfigError(f"epoch must be an integer in 0..{MAX_EPOCH}, got {epoch!r}")
+        if isinstance(payload, (bytearray, memoryview)):
+            payload = bytes(payload)
+        if not isinstance(payload, bytes):
+            raise ConfigError(f"payload must be bytes, got {type(payload).__name__}")
+        if not 1 <= len(payload) <= self.config.max_state_bytes:
+            raise ConfigError(f"payload of {len(payload)} bytes: it must have 1 to "
+                              f"{self.config.max_state_bytes} bytes (max_state_bytes)")
+        with self._lock:
+            self._table.check_share(run_id, epoch)  # before hashing: fail fast
+        manifest = Manifest.build(epoch, payload, self.config.chunk_size)
+        with self._lock:
+            dropped = self._table.add(Snapshot(run_id, manifest, payload))
+            self._counters["shared"] += 1
+            self._counters["snapshots_dropped"] += len(dropped)
+
+    def unshare(self, run_id: str) -> None:
+        """Stop offering any state of ``run_id`` (thread safe, idempotent).
+
+        Fetchers then get ``gone`` for chunks and ``unknown_run`` for manifests.
+        """
+        with self._lock:
+            if self._table.remove(run_id):
+                self._counters["unshared"] += 1
+
+    def shared_epoch(self, run_id: str) -> int | None:
+        """The epoch of the newest shared snapshot of ``run_id`` (None: none)."""
+        with self._lock:
+            snapshot = self._table.newest(run_id)
+        return None if snapshot is None else snapshot.manifest.epoch
+
+    async def serve_stream(self, stream: FramedStream) -> None:
+        """Answer state-sync requests arriving on ``stream`` (one per fetcher's channel)."""
+        self._streams[stream] = 0
+
+        async def handle(ctx: RequestContext, request: Message) -> Message:
+            replied = True
+            try:
+                return self._answer(ctx, request)
+            except RemoteProtocolError:
+                replied = False  # the stream is reset: no reply is written
+                raise
+            finally:
+                if replied and stream in self._streams:
+                    self._streams[stream] += 1
+
+        try:
+            await serve_rpc_stream(stream, STATESYNC_PROTOCOL, handle, self._wire)
+        finally:
+            del self._streams[stream]
+
+    def uploads_in_flight(self) -> int:
+        """Replies handed to the wire and not yet written, over every serving stream."""
+        return sum(max(0, handed - stream.statistics().frames_sent)
+                   for stream, handed in self._streams.items())
+
+    def _answer(self, ctx: RequestContext, request: Message) -> Message:
+        if isinstance(request, GetManifest):
+            if not request.run_id:
+                raise RemoteProtocolError("ss.get_manifest with an empty run id")
+            with self._lock:
+                snapshot = self._table.newest(request.run_id)
+            if snapshot is None:
+                return self._refuse("unknown_run", "no state of this run is shared here")
+            self._count("manifests_served")
+            return ManifestReply.of(snapshot.manifest)
+        assert isinstance(request, GetChunk)
+        if not request.run_id or len(request.digest) != DIGEST_SIZE:
+            raise RemoteProtocolError(f"ss.get_chunk with an empty run id or a digest of "
+                                      f"{len(request.digest)} bytes")
+        if self.uploads_in_flight() >= self.config.max_concurrent_uploads:
+            self._count("busy_refusals")
+            return self._refuse("busy", f"{self.config.max_concurrent_uploads} uploads "
+                                        f"in flight")
+        with self._lock:
+            snapshot = self._table.find(request.run_id, request.digest)
+            known = self._table.newest(request.run_id) is not None
+        if snapshot is None:
+            return self._refuse("gone" if known else "unknown_run",
+                                "no snapshot with this digest is kept")
+        if request.index >= snapshot.manifest.num_chunks:
+            return self._refuse("bad_index", f"the snapshot has "
+                                             f"{snapshot.manifest.num_chunks} chunks")
+        data = snapshot.chunk(request.index)
+        with self._lock:
+            self._counters["chunks_served"] += 1
+            self._counters["bytes_served"] += len(data)
+        return ChunkReply(request.index, data)
+
+    def _refuse(self, code: str, detail: str) -> Refused:
+        self._count("refusals")
+        return Refused(code, detail)
+
+    # -- the fetcher --------------------------------------------------------------
+
+    async def offers(self, run_id: str, donors: Sequence[PeerIDLike]
+                     ) -> dict[ID, tuple[int, bytes]]:
+        """What each donor offers now: ``{peer: (epoch, digest)}`` of its newest snapshot.
+
+        Donors that offer nothing, fail or time out (``request_timeout``) are
+        left out; this node is skipped.  Lets a peer compare its own state's
+        digest with the others' at the same epoch (``p2pdl.Optimizer``'s
+        consistency check) before it downloads anything.
+        """
+        check_run_id(run_id)
+        if isinstance(donors, (str, ID)):
+            raise ConfigError("donors must be a sequence of peer ids, not one peer id")
+        peers = [p for p in dict.fromkeys(parse_peer_id(d) for d in donors)
+                 if p != self._host.peer_id][:self.config.max_donors]
+        with trio.move_on_after(self.config.request_timeout + 1.0):
+            offers, _ = await self._read_manifests(run_id, peers)
+            return {peer: (m.epoch, m.digest) for peer, m in offers.items()}
+        return {}
+
+    async def fetch(self, run_id: str, donors: Sequence[PeerIDLike], *, min_epoch: int = 0,
+                    timeout: float | None = None, digest: bytes | None = None) -> StateDownload:
+        """Download the newest state of ``run_id`` at ``min_epoch`` or later from ``donors``.
+
+        Every donor (the first ``max_donors``; this node is skipped) is asked
+        for its manifest; the newest epoch wins, and among manifests of that
+        epoch the one most donors offer.  Its chunks come from all donors
+        offering it at once, each verified by SHA-256, a failed one asked
+        again elsewhere; the whole payload is verified against the digest.
+
+        Resumable: verified chunks of an unfinished download are kept (one
+        per run), and a later fetch that picks the same state asks only for
+        the rest (``resumed_chunks``).  On cancellation the chunks verified
+        so far are kept too.
+
+        Raises :class:`StateSyncError` when no donor offers state of the run
+        at ``min_epoch`` or newer, or the chunks cannot all be obtained;
+        :class:`CallTimeoutError` after ``timeout`` seconds (default
+        ``fetch_timeout``); :class:`ConfigError` for bad arguments;
+        :class:`LocalProtocolError` if a fetch of the run is already running.
+
+        ``digest``: download only the state with this SHA-256 digest (as
+        :meth:`offers` reported it), whatever the others offer.
+        """
+        check_run_id(run_id)
+        if isinstance(min_epoch, bool) or not isinstance(min_epoch, int) or \
+                not 0 <= min_epoch <= MAX_EPOCH:
+            raise ConfigError(f"min_epoch must be an integer in 0..{MAX_EPOCH}, "
+                              f"got {min_epoch!r}")
+        if digest is not None and (not isinstance(digest, bytes) or len(digest) != 32):
+            raise ConfigError("digest must be None or 32 bytes (SHA-256)")
+        timeout = self.config.fetch_timeout if timeout is None else timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or \
+                not timeout > 0 or math.isnan(timeout):
+            raise ConfigError(f"timeout must be a number > 0, got {timeout!r}")
+        if isinstance(donors, (str, ID)):
+            raise ConfigError("donors must be a sequence of peer ids, not one peer id")
+        peers = [parse_peer_id(d) for d in donors]
+        peers = [p for p in dict.fromkeys(peers) if p != self._host.peer_id]
+        peers = peers[:self.config.max_donors]
+        if run_id in self._fetching:
+            raise LocalProtocolError(f"a fetch of run {run_id!r} is already running")
+        self._fetching.add(run_id)
+        self._count("fetches")
+        try:
+            with trio.move_on_after(timeout):
+                result = await self._fetch(run_id, peers, min_epoch, digest)
+                self._count("fetches_completed")
+                self._count("resumed_chunks", result.resumed_chunks)
+                return result
+            self._count("fetches_failed")
+            raise CallTimeoutError(f"the state of run {run_id!r} was not downloaded within "
+                                   f"{timeout:.1f} s")
+        except StateSyncError:
+            self._count("fetches_failed")
+            raise
+        finally:
+            self._fetching.discard(run_id)
+
+    async def _fetch(self, run_id: str, peers: list[ID], min_epoch: int,
+                     digest: bytes | None = None) -> StateDownload:
+        started = trio.current_time()
+        if not peers:
+            raise StateSyncError(f"no donor to fetch the state of run {run_id!r} from")
+        initial = self._partials.get(run_id)
+        initial_manifest = initial.manifest if initial is not None else None
+        initial_chunks = len(initial.chunks) if initial is not None else 0
+        excluded: set[ID] = set()
+        failures: list[str] = []
+        for _ in range(self.config.max_manifest_rounds):
+            asked = [p for p in peers if p not in excluded]
+            offers, problems = await self._read_manifests(run_id, asked)
+            if digest is not None:
+                offers = {p: m for p, m in offers.items() if m.digest == digest}
+            choice = choose_manifest(offers, min_epoch)
+            if choice is None:
+                failures.append(_no_offer(run_id, min_epoch, offers, problems))
+                break
+            manifest, donors = choice
+            partial = self._partials.open(run_id, manifest)
+            plan: ChunkPlan[ID] = ChunkPlan(
+                manifest, donors, self.config, partial,
+                store=lambda i, data, p=partial: self._partials.add(run_id, p, i, data))
+            await self._download(run_id, plan)
+            self._count("donors_dropped", len(plan.dropped))
+            if plan.done:
+                payload = await self._assemble(partial)
+                if payload is not None:
+                    self._partials.discard(run_id, partial)
+                    resumed = initial_chunks if manifest == initial_manifest else 0
+                    return StateDownload(manifest.epoch, payload, manifest.digest,
+                                         plan.contributors(), manifest.num_chunks, resumed,
+                                         trio.current_time() - started)
+                # Every chunk matched the manifest but the whole does not match its
+                # digest: the manifest itself lies.  Its donors are not asked again.
+                self._partials.discard(run_id, partial)
+                self._count("bad_manifests", len(donors))
+                excluded.update(donors)
+                failures.append(f"epoch {manifest.epoch}: the assembled payload does not "
+                                f"match the manifest's digest (offered by {len(donors)} "
+                                f"donor(s))")
+                continue
+            excluded.update(plan.bad())
+            failures.append(f"epoch {manifest.epoch}: {plan.failed}")
+            if not plan.gone():
+                break
+            # Donors moved on (the snapshot is no longer kept): read manifests again.
+        raise StateSyncError(f"the state of run {run_id!r} could not be downloaded: "
+                             + "; then ".join(failures))
+
+    async def _read_manifests(self, run_id: str, peers: list[ID]
+                              ) -> tuple[dict[ID, Manifest], dict[ID, str]]:
+        """Every peer's manifest (in ``peers``' order), and why the others gave none."""
+        offers: dict[ID, Manifest] = {}
+        problems: dict[ID, str] = {}
+        limiter = trio.CapacityLimiter(self.config.max_concurrent_requests)
+
+        async def ask(peer: ID) -> None:
+            async with limiter:
+                self._count("manifest_requests")
+                try:
+                    reply = await self._call(peer, STATESYNC_PROTOCOL, GetManifest(run_id),
+                                             self.config.request_timeout)
+                except NodeClosedError:
+                    raise
+                except P2PDLError as exc:
+                    problems[peer] = f"{type(exc).__name__}: {exc}"
+                    return
+            if isinstance(reply, Refused):
+                problems[peer] = f"refused {reply.code}"
+            elif isinstance(reply, ManifestReply):
+                manifest = reply.manifest()
+                problem = manifest.problem(self.config.max_state_bytes)
+                if problem is None:
+                    offers[peer] = manifest
+                else:
+                    self._count("bad_manifests")
+                    problems[peer] = f"bad manifest: {problem}"
+            else:  # pragma: no cover - the decoder admits only the protocol's responses
+                problems[peer] = f"unexpected {type(reply).__name__}"
+
+        async with trio.open_nursery() as nursery:
+            for peer in peers:
+                nursery.start_soon(ask, peer)
+        return {p: offers[p] for p in peers if p in offers}, problems
+
+    async def _download(self, run_id: str, plan: ChunkPlan[ID]) -> None:
+        """Drive ``plan`` until it is done or has failed."""
+        wakeup = _Wakeup()
+        async with trio.open_nursery() as nursery:
+            while not plan.over:
+                wakeup.event = trio.Event()
+                now = trio.current_time()
+                for index, donor in plan.next_requests(now):
+                    nursery.start_soon(self._get_chunk, run_id, plan, index, donor, wakeup)
+                rest = plan.next_wakeup(now)
+                if not plan.inflight and rest is None:
+                    plan.failed = "no request can be made (internal error)"  # never expected
+                    break
+                with trio.move_on_at(math.inf if rest is None else rest):
+                    await wakeup.event.wait()
+            nursery.cancel_scope.cancel()
+
+    async def _get_chunk(self, run_id: str, plan: ChunkPlan[ID], index: int, donor: ID,
+                         wakeup: _Wakeup) -> None:
+        failure: Failure | None = None
+        detail = ""
+        try:
+            reply = await self._call(donor, STATESYNC_PROTOCOL,
+                                     GetChunk(run_id, plan.manifest.digest, index),
+                                     self.config.request_timeout)
+        except NodeClosedError:
+            raise
+        except RemoteProtocolError as exc:
+            failure, detail = Failure.BAD, str(exc)
+        except P2PDLError as exc:
+            failure, detail = Failure.ERROR, f"{type(exc).__name__}: {exc}"
+        else:
+            if isinstance(reply, ChunkReply) and reply.index == index:
+                if plan.on_chunk(index, donor, reply.data):
+                    with self._lock:
+                        self._counters["chunks_fetched"] += 1
+                        self._counters["bytes_fetched"] += len(reply.data)
+                else:
+                    self._count("bad_chunks")
+                    self._count("chunk_failures")
+                    logger.warning("run %s: %s sent chunk %d that fails its SHA-256; dropped "
+                                   "from the download", run_id, donor, index)
+            elif isinstance(reply, ChunkReply):
+                failure, detail = Failure.BAD, f"chunk {reply.index} sent for {index}"
+            elif isinstance(reply, Refused):
+                failure, detail = _REFUSALS.get(reply.code, Failure.ERROR), f"refused {reply.code}"
+                if failure is Failure.BUSY:
+                    self._count("busy_answers")
+                elif failure is Failure.GONE:
+                    self._count("gone_answers")
+            else:  # pragma: no cover - the decoder admits only the protocol's responses
+                failure, detail = Failure.BAD, f"unexpected {type(reply).__name__}"
+        if failure is not None:
+            if failure not in (Failure.BUSY, Failure.GONE):
+                self._count("chunk_failures")
+            if failure is Failure.BAD:
+                self._count("bad_chunks")
+            logger.debug("run %s: chunk %d from %s failed: %s", run_id, index, donor, detail)
+            plan.on_failure(index, donor, failure, trio.current_time(), detail)
+        wakeup.set()
+
+    async def _assemble(self, partial: PartialDownload) -> bytes | None:
+        """The payload of a complete download if it matches its digest, else None."""
+        def assemble() -> bytes | None:
+            payload = partial.payload()
+            return payload if partial.manifest.verify_payload(payload) else None
+
+        if partial.manifest.size <= THREAD_HASH_THRESHOLD:
+            return assemble()
+        return await trio.to_thread.run_sync(assemble)
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters (every one of STATESYNC_COUNTERS, from 0), the runs shared, the
+        unfinished downloads kept and the uploads in flight."""
+        with self._lock:
+            counters = dict(self._counters)
+            runs = self._table.runs()
+        return {"runs": runs, "partial_downloads": len(self._partials),
+                "partial_bytes": self._partials.nbytes, "fetching": sorted(self._fetching),
+                "uploads_in_flight": self.uploads_in_flight(), **counters}
+
+
+#: What a fetcher does with each refusal code (an unknown code: a failed request).
+_REFUSALS = {"busy": Failure.BUSY, "gone": Failure.GONE, "unknown_run": Failure.GONE,
+             "bad_index": Failure.BAD}
+
+
+def _no_offer(run_id: str, min_epoch: int, offers: dict[ID, Manifest],
+              problems: dict[ID, str]) -> str:
+    """Why no manifest was chosen, for the StateSyncError."""
+    text = f"no donor offers state of run {run_id!r} at epoch {min_epoch} or newer"
+    if offers:
+        epochs = sorted({m.epoch for m in offers.values()}, reverse=True)[:5]
+        text += f"; offered epochs: {', '.join(map(str, epochs))}"
+    for peer, why in list(problems.items())[:4]:
+        text += f"; {str(peer)[-8:]}: {why}"
+    if len(problems) > 4:
+        text += f"; {len(problems) - 4} more without an offer"
+    return text

@@ -1,0 +1,126 @@
+"""``p2pdl demo``: a local swarm as child processes, the baseline, the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _children_of(pid: int) -> list[int]:
+    """Live (non-zombie) processes whose parent is ``pid``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_demo_trains_a_swarm_and_a_baseline_and_reports(tmp_path):
+    out = tmp_path / "demo"
+    result = subprocess.run(
+        [sys.executable, "-m", "p2pdl", "demo", "--duration", "30", "--out", str(out)],
+        capture_output=True, text=True, timeout=280,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert "summary" in result.stdout
+
+    assert (out / "loss.png").read_bytes()[:8] == PNG_MAGIC
+    report = json.loads((out / "report.json").read_text())
+    assert report["interrupted"] is False and report["error"] is None
+    swarm, solo = report["swarm"], report["solo"]
+    assert swarm["last_loss"] < swarm["first_loss"]
+    assert solo["last_loss"] < solo["first_loss"]
+    assert swarm["val_loss_end"] < swarm["val_loss_start"]
+    assert swarm["epochs"] >= 2 and solo["epochs"] >= 2
+    roles = {p["name"]: p for p in swarm["peers"]}
+    assert set(roles) == {"trainer-0", "trainer-1", "trainer-2", "auxiliary", "relay"}
+    assert roles["trainer-2"]["client_mode"] is True
+    for name in ("trainer-0", "trainer-1", "trainer-2", "auxiliary"):
+        peer = roles[name]
+        assert peer["finished"] and peer["epoch"] >= 2, peer
+        assert peer["statistics"]["averaged"] >= 1, peer
+    assert swarm["samples_per_second"] > 0 and solo["samples_per_second"] > 0
+    assert report["paths"]["plot"] == str(out / "loss.png")
+    for path in report["paths"]["logs"].values():
+        assert Path(path).exists()
+    for process in report["processes"]:
+        assert process["returncode"] is not None
+        assert not _alive(process["pid"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(200)
+def test_ctrl_c_stops_every_child_and_writes_a_partial_report(tmp_path):
+    out = tmp_path / "demo"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "p2pdl", "demo", "--duration", "120", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    training = threading.Event()
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "swarm: training" in line:
+                training.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    children: list[int] = []
+    try:
+        assert training.wait(150), "".join(lines[-20:])
+        time.sleep(3)
+        children = _children_of(proc.pid)
+        assert len(children) == 5  # relay, three trainers, the auxiliary peer
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        code = proc.wait(60)
+        stopped_in = time.monotonic() - start
+        reader.join(5)
+        stderr = proc.stderr.read() if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid in children:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert code == 130
+    assert stopped_in < 50  # the children get 20 s after SIGTERM, then SIGKILL
+    assert "Traceback" not in stderr, stderr
+    assert not [pid for pid in children if _alive(pid)]
+    report = json.loads((out / "report.json").read_text())
+    assert report["interrupted"] is True
+    # The trainers stopped on SIGTERM and still sent their final report.
+    trainers = [p for p in report["swarm"]["peers"] if p["name"].startswith("trainer")]
+    assert trainers and all(p["finished"] and p["reason"] == "signal" for p in trainers)

@@ -1,0 +1,407 @@
+"""p2pdl.Optimizer: peers that train the example together end with the same parameters."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+import p2pdl
+from p2pdl.errors import ConfigError, NodeClosedError
+from p2pdl.training import ExampleConfig, ExampleTask, Optimizer, OptimizerConfig
+
+pytestmark = pytest.mark.timeout(180)
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+#: A small version of the example so that a step costs milliseconds.
+SMALL = ExampleConfig(context_length=32, d_model=32, n_layers=1, n_heads=2, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def task() -> ExampleTask:
+    torch.set_num_threads(1)
+    return ExampleTask(SMALL)
+
+
+@contextlib.contextmanager
+def swarm(count: int) -> Iterator[list[p2pdl.Node]]:
+    nodes: list[p2pdl.Node] = []
+    try:
+        nodes.append(p2pdl.Node(listen=LOOPBACK))
+        for _ in range(count - 1):
+            nodes.append(p2pdl.Node(listen=LOOPBACK, initial_peers=nodes[0].addrs[:1]))
+        for node in nodes[1:]:
+            node.wait_for_peers(1)
+        yield nodes
+    finally:
+        for node in nodes:
+            node.shutdown()
+
+
+def flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def train(opt: Optimizer, model: torch.nn.Module, batches: Iterator[torch.Tensor], *,
+          epochs: int, seconds: float = 90.0,
+          stop: Callable[[], bool] = lambda: False) -> list[float]:
+    """Train until ``opt`` reaches ``epochs``; the losses of the steps that stepped."""
+    losses = []
+    deadline = time.monotonic() + seconds
+    while opt.local_epoch < epochs and not stop():
+        assert time.monotonic() < deadline, f"epoch {opt.local_epoch} of {epochs} in time"
+        loss = model.loss(next(batches))
+        loss.backward()
+        if opt.step():
+            losses.append(loss.item())
+        opt.zero_grad()
+    return losses
+
+
+def in_threads(*calls: Callable[[], object]) -> list[object]:
+    with concurrent.futures.ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(call) for call in calls]
+        return [f.result(timeout=150) for f in futures]
+
+
+def make_opt(node: p2pdl.Node, model: torch.nn.Module, run_id: str, target: int = 64,
+             **options: object) -> Optimizer:
+    return Optimizer(node=node, run_id=run_id,
+                     optimizer=torch.optim.AdamW(model.parameters(), lr=3e-3),
+                     target_batch_size=target, batch_size_per_step=SMALL.batch_size,
+                     matchmaking_time=8.0, **options)
+
+
+def test_three_peers_end_with_identical_parameters(task):
+    models = [task.build_model() for _ in range(3)]
+    start_loss = task.validation_loss(models[0])
+    with swarm(3) as nodes:
+        opts = [make_opt(n, m, "three") for n, m in zip(nodes, models, strict=True)]
+        try:
+            in_threads(*(lambda i=i: train(opts[i], models[i], task.batches(i), epochs=6)
+                         for i in range(3)))
+            stats = [o.statistics() for o in opts]
+        finally:
+            for o in opts:
+                o.close()
+    assert all(torch.equal(flat(models[0]), flat(m)) for m in models[1:])
+    # under load a peer may miss a round and download the state instead
+    assert all(s["epoch"] >= 6 for s in stats) and sum(s["averaged"] for s in stats) >= 12, stats
+    assert all(s["failed"] == 0 for s in stats), stats
+    assert opts[0].last_round is not None and opts[0].last_round.group_size == 3
+    assert task.validation_loss(models[0]) < start_loss - 0.3
+    with pytest.raises(NodeClosedError):
+        opts[0].step()
+
+
+def test_delayed_updates_keep_peers_identical(task):
+    models = [task.build_model() for _ in range(2)]
+    with swarm(2) as nodes:
+        opts = [make_opt(n, m, "delayed", delay_updates=True)
+                for n, m in zip(nodes, models, strict=True)]
+        try:
+            in_threads(*(lambda i=i: train(opts[i], models[i], task.batches(i), epochs=5)
+                         for i in range(2)))
+            # apply the last round everywhere before comparing
+            for o in opts:
+                o.close()
+        finally:
+            for o in opts:
+                o.close()
+    assert torch.equal(flat(models[0]), flat(models[1]))
+    assert opts[0].statistics()["averaged"] >= 4
+
+
+def test_diloco_converges_on_the_example(task):
+    models = [task.build_model() for _ in range(2)]
+    start_loss = task.validation_loss(models[0])
+    with swarm(2) as nodes:
+        opts = [make_opt(n, m, "diloco", target=160, mode="diloco") for n, m in
+                zip(nodes, models, strict=True)]
+        try:
+            in_threads(*(lambda i=i: train(opts[i], models[i], task.batches(i), epochs=4)
+                         for i in range(2)))
+        finally:
+            for o in opts:
+                o.close()
+    assert torch.equal(flat(models[0]), flat(models[1]))
+    assert opts[0].statistics()["averaged"] >= 3
+    assert task.validation_loss(models[0]) < start_loss - 0.3
+
+
+def test_a_late_joiner_downloads_the_state_and_then_matches(task):
+    models = [task.build_model() for _ in range(3)]
+    with swarm(3) as nodes:
+        opts = [make_opt(nodes[i], models[i], "late") for i in range(2)]
+        try:
+            in_threads(*(lambda i=i: train(opts[i], models[i], task.batches(i), epochs=3)
+                         for i in range(2)))
+            late = make_opt(nodes[2], models[2], "late")
+            opts.append(late)
+            with torch.no_grad():   # a different start: only the download can fix it
+                for p in models[2].parameters():
+                    p.add_(1.0)
+            target = 7
+            in_threads(*(lambda i=i: train(opts[i], models[i], task.batches(i), epochs=target)
+                         for i in range(3)))
+            assert late.statistics()["state_syncs"] >= 1
+            assert late.local_epoch >= target
+        finally:
+            for o in opts:
+                o.close()
+    assert torch.equal(flat(models[0]), flat(models[2]))
+    assert torch.equal(flat(models[0]), flat(models[1]))
+
+
+def test_peers_that_drifted_apart_after_a_failed_round_agree_again(task):
+    """After a failed round each peer compares its state's digest with the others'."""
+    models = [task.build_model() for _ in range(2)]
+    with swarm(2) as nodes:
+        opts = [make_opt(n, m, "drift") for n, m in zip(nodes, models, strict=True)]
+        try:
+            in_threads(*(lambda i=i: train(opts[i], models[i], task.batches(i), epochs=2)
+                         for i in range(2)))
+            with torch.no_grad():   # as if peer 1 had stepped alone in a failed round
+                for p in models[1].parameters():
+                    p.add_(0.01)
+            opts[1]._share_state(force=True)
+            for opt in opts:
+                opt._suspect = True
+            in_threads(*(lambda i=i: train(opts[i], models[i], task.batches(i), epochs=4)
+                         for i in range(2)))
+            stats = [o.statistics() for o in opts]
+        finally:
+            for o in opts:
+                o.close()
+    assert torch.equal(flat(models[0]), flat(models[1])), stats
+    assert sum(s["repairs"] for s in stats) == 1, stats
+    assert sum(s["consistency_checks"] for s in stats) >= 1, stats
+
+
+def test_checkpoint_and_resume_round_trip(task, tmp_path):
+    model = task.build_model()
+    scheduler_factory = lambda opt: torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)  # noqa: E731
+    with swarm(1) as (node,):
+        opt = make_opt(node, model, "ckpt", target=16, checkpoint_dir=tmp_path,
+                       checkpoint_every=2, scheduler=scheduler_factory, discovery_time=0)
+        try:
+            train(opt, model, task.batches(0), epochs=4)
+            assert opt.statistics()["alone"] == 4 and opt.statistics()["checkpoints"] == 2
+            lr = opt.optimizer.param_groups[0]["lr"]
+            saved = flat(model).clone()
+            state = opt.optimizer.state_dict()
+        finally:
+            opt.close()
+        assert sorted(p.name for p in tmp_path.glob("*.pt")) == [
+            "checkpoint-0000000002.pt", "checkpoint-0000000004.pt"]
+        fresh = task.build_model()
+        resumed = make_opt(node, fresh, "ckpt", target=16, checkpoint_dir=tmp_path,
+                           scheduler=scheduler_factory, discovery_time=0)
+        try:
+            assert resumed.local_epoch == 4
+            assert torch.equal(flat(fresh), saved)
+            assert resumed.optimizer.param_groups[0]["lr"] == lr == 3e-3 * 0.25
+            step = resumed.optimizer.state_dict()["state"][0]["step"]
+            assert torch.equal(step, state["state"][0]["step"])
+            assert resumed.state_dict()["epoch"] == 4
+            train(resumed, fresh, task.batches(0), epochs=5)
+        finally:
+            resumed.close()
+
+
+def test_a_plain_torch_model_learns_a_linear_map():
+    torch.manual_seed(0)
+    truth = torch.tensor([[2.0, -3.0, 0.5]])
+    models = [torch.nn.Linear(3, 1) for _ in range(2)]
+    models[1].load_state_dict(models[0].state_dict())
+    with swarm(2) as nodes:
+        opts = [Optimizer(node=n, run_id="linear", optimizer=torch.optim.SGD(m.parameters(),
+                                                                              lr=0.1),
+                          target_batch_size=128, batch_size_per_step=32, matchmaking_time=8.0)
+                for n, m in zip(nodes, models, strict=True)]
+
+        def loop(i: int) -> None:
+            generator = torch.Generator().manual_seed(i)
+            deadline = time.monotonic() + 90
+            while opts[i].local_epoch < 40:
+                assert time.monotonic() < deadline
+                x = torch.randn(32, 3, generator=generator)
+                loss = torch.nn.functional.mse_loss(models[i](x), x @ truth.T + 1.0)
+                loss.backward()
+                opts[i].step()
+                opts[i].zero_grad()
+        try:
+            in_threads(lambda: loop(0), lambda: loop(1))
+        finally:
+            for o in opts:
+                o.close()
+    assert torch.equal(models[0].weight, models[1].weight), [o.statistics() for o in opts]
+    assert torch.allclose(models[0].weight, truth, atol=0.05)
+    assert torch.allclose(models[0].bias, torch.tensor([1.0]), atol=0.05)
+
+
+KILLED_PEER = textwrap.dedent("""
+    import sys, torch, p2pdl
+    from p2pdl.training import ExampleConfig, ExampleTask, Optimizer
+    torch.set_num_threads(1)
+    task = ExampleTask(ExampleConfig(context_length=32, d_model=32, n_layers=1, n_heads=2,
+                                     batch_size=8))
+    model = task.build_model()
+    node = p2pdl.Node(listen=["/ip4/127.0.0.1/tcp/0"], initial_peers=[sys.argv[1]])
+    opt = Optimizer(node=node, run_id="kill", optimizer=torch.optim.AdamW(model.parameters(),
+                    lr=3e-3), target_batch_size=64, batch_size_per_step=8, matchmaking_time=8.0)
+    batches = task.batches(2)
+    while True:
+        model.loss(next(batches)).backward()
+        if opt.step():
+            print("epoch", opt.local_epoch, flush=True)
+        opt.zero_grad()
+""")
+
+
+@pytest.mark.slow
+def test_the_others_continue_when_a_peer_is_killed(task):
+    models = [task.build_model() for _ in range(2)]
+    with swarm(2) as nodes:
+        child = subprocess.Popen([sys.executable, "-c", KILLED_PEER, nodes[0].addrs[0]],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        opts = [make_opt(n, m, "kill") for n, m in zip(nodes, models, strict=True)]
+        try:
+            killed_at: list[int] = []
+
+            def killer() -> None:
+                assert child.stdout is not None
+                for line in child.stdout:
+                    if line.startswith("epoch") and int(line.split()[1]) >= 2:
+                        break
+                child.send_signal(signal.SIGKILL)
+                child.wait(10)
+                killed_at.append(opts[0].local_epoch)
+
+            def trainer(i: int) -> None:
+                train(opts[i], models[i], task.batches(i), epochs=60, seconds=120,
+                      stop=lambda: bool(killed_at) and opts[i].local_epoch >= killed_at[0] + 4)
+
+            in_threads(killer, lambda: trainer(0), lambda: trainer(1))
+            rounds = [o.last_round for o in opts]
+        finally:
+            child.kill()
+            child.wait(10)
+            for o in opts:
+                o.close()
+    assert all(r is not None and r.outcome == "averaged" and r.group_size == 2 for r in rounds)
+    assert torch.equal(flat(models[0]), flat(models[1]))
+
+
+def test_bad_arguments_are_config_errors(task):
+    model = task.build_model()
+    with pytest.raises(ConfigError, match="mode"):
+        OptimizerConfig(mode="sgd")
+    with pytest.raises(ConfigError, match="delay_updates"):
+        OptimizerConfig(mode="diloco", delay_updates=True)
+    with pytest.raises(ConfigError, match="node"):
+        Optimizer(node=object(), run_id="x", optimizer=torch.optim.SGD(model.parameters(), 0.1),
+                  target_batch_size=8)
+    with swarm(1) as (node,):
+        with pytest.raises(ConfigError, match="unknown Optimizer option"):
+            make_opt(node, model, "bad", target=8, learning_rate=1)
+        with pytest.raises(ConfigError, match="target_batch_size"):
+            make_opt(node, model, "bad", target=0)
+        with pytest.raises(ConfigError, match="torch.optim.Optimizer"):
+            Optimizer(node=node, run_id="bad", optimizer=object(), target_batch_size=8)
+        with make_opt(node, model, "bad", target=8) as opt:
+            with pytest.raises(ConfigError, match="batch_size"):
+                opt.step(batch_size=-1)
+
+
+def test_diloco_outer_step_is_nesterov_momentum_on_the_mean_delta(task):
+    """The outer update, by hand: m = mu m + d; x = anchor - lr (d + mu m)."""
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 2.0]]))
+    with swarm(1) as (node,):
+        with Optimizer(node=node, run_id="outer", optimizer=torch.optim.SGD(model.parameters(),
+                                                                            lr=0.5),
+                       target_batch_size=1, batch_size_per_step=1, mode="diloco",
+                       outer_lr=0.7, outer_momentum=0.9, discovery_time=0) as opt:
+            anchor = torch.tensor([[1.0, 2.0]])
+            momentum = torch.zeros(1, 2)
+            for _ in range(3):
+                model.weight.grad = torch.tensor([[1.0, -1.0]])
+                assert opt.step()      # alone: the inner step, then the outer step at once
+                delta = anchor - (anchor - 0.5 * torch.tensor([[1.0, -1.0]]))
+                momentum = 0.9 * momentum + delta
+                anchor = anchor - 0.7 * (delta + 0.9 * momentum)
+                assert torch.allclose(model.weight, anchor)
+                opt.zero_grad()
+
+
+def test_a_delayed_result_applied_in_a_step_keeps_that_steps_gradients():
+    """The background round's result replaces p.grad: the batch's own gradients
+    must be in the accumulator first."""
+    from types import SimpleNamespace
+
+    model = torch.nn.Linear(4, 1, bias=False)
+    with swarm(1) as (node,):
+        with Optimizer(node=node, run_id="dpu", optimizer=torch.optim.SGD(model.parameters(),
+                                                                          lr=0.1),
+                       target_batch_size=1000, delay_updates=True) as opt:
+            done: concurrent.futures.Future = concurrent.futures.Future()
+            done.set_result(SimpleNamespace(completed=True, tensors=[torch.full((1, 4), 2.0)],
+                                            group=SimpleNamespace(members=(1, 2))))
+            opt._pending, opt._pending_info = done, (0, [torch.zeros(1, 4)], 5, time.monotonic())
+            opt._grouped.set()
+            before = model.weight.detach().clone()
+            model.weight.grad = torch.ones(1, 4)
+            assert opt.step(batch_size=1)          # the round's average was applied
+            assert torch.allclose(model.weight, before - 0.1 * 2.0)
+            assert torch.equal(opt._accumulators[0], torch.ones(1, 4))
+            assert opt.samples_accumulated == 1 and opt.last_round.outcome == "averaged"
+
+
+def test_an_auxiliary_peer_helps_and_follows_the_trainers_epoch(task):
+    models = [task.build_model() for _ in range(3)]
+    with swarm(3) as nodes:
+        # epochs of a few seconds: an auxiliary peer learns of readiness from the
+        # trainers' reports and estimates, a moment after they do
+        opts = [make_opt(nodes[i], models[i], "aux", target=320) for i in range(2)]
+        helper = make_opt(nodes[2], models[2], "aux", target=320, auxiliary=True,
+                          ready_timeout=5.0)
+        done = []
+
+        def assist() -> None:
+            deadline = time.monotonic() + 120
+            while not done and time.monotonic() < deadline:
+                helper.step()
+
+        def trainer(i: int) -> None:
+            train(opts[i], models[i], task.batches(i), epochs=4)
+
+        try:
+            with concurrent.futures.ThreadPoolExecutor(3) as pool:
+                aux = pool.submit(assist)
+                in_threads(lambda: trainer(0), lambda: trainer(1))
+                done.append(True)
+                aux.result(timeout=60)
+            stats = [o.statistics() for o in opts]
+            aux_stats = helper.statistics()
+        finally:
+            for o in [*opts, helper]:
+                o.close()
+    assert torch.equal(flat(models[0]), flat(models[1]))
+    assert all(s["averaged"] >= 3 for s in stats), stats
+    assert aux_stats["averaged"] >= 2, aux_stats
+    assert helper.local_epoch <= opts[0].local_epoch   # it never runs ahead
+    assert opts[0].last_round is not None and opts[0].last_round.group_size == 3
+    with pytest.raises(ConfigError):
+        OptimizerConfig(auxiliary="yes")
