@@ -72,9 +72,9 @@ ROUND_SLACK = 15.0
 #: Failed state downloads in a row after which a peer that is behind adopts the epoch.
 MAX_SYNC_FAILURES = 3
 #: Seconds between consistency checks while the others have not shared the epoch yet.
-CHECK_RETRY = 1.0
+CHECK_RETRY = 0.2
 #: Consistency checks after which a peer stops looking for the others' state of its epoch.
-MAX_CHECKS = 10
+MAX_CHECKS = 50
 #: How often an auxiliary peer looks for the next epoch after joining a round (s).
 AUXILIARY_POLL = 0.05
 #: Largest batch a single ``step`` may report.
@@ -405,6 +405,11 @@ class Optimizer:
             assert self._anchor is not None
             vector = [a - p.detach().to(torch.float32)
                       for a, p in zip(self._anchor, self._params, strict=True)]
+        if self._suspect:
+            # Compare with the others first: a round now would carry a state
+            # that may be apart into the next epoch (the check gives up after
+            # MAX_CHECKS x CHECK_RETRY seconds without offers).
+            return False
         alone = progress.num_peers - progress.num_auxiliary <= 1   # no other trainer
         if alone and time.monotonic() - self._seen_others < self.config.discovery_time:
             # Peers started together may not have heard of each other yet, and
@@ -771,7 +776,11 @@ class Optimizer:
             if donors else {}
         same = {peer: digest for peer, (epoch, digest) in offers.items() if epoch == self._epoch}
         if not same:
+            logger.debug("run %s epoch %d: no peer offers this epoch's state yet (asked %d, "
+                         "offers %s)", self.run_id, self._epoch, len(donors), offers)
             if give_up:
+                logger.info("run %s epoch %d: no peer offered this epoch's state to compare "
+                            "with; the consistency check is dropped", self.run_id, self._epoch)
                 self._suspect, self._checks = False, 0
             return   # the others have not shared this epoch yet: ask again soon
         self._counters["consistency_checks"] += 1
@@ -780,6 +789,10 @@ class Optimizer:
         counts = collections.Counter(same.values())
         counts[mine] += 1
         winner = min(counts, key=lambda d: (-counts[d], d))
+        logger.info("run %s epoch %d: consistency check: this peer's state is %s of %d "
+                    "peers'", self.run_id, self._epoch,
+                    "the agreed one" if winner == mine else "not the agreed one",
+                    sum(counts.values()))
         if winner == mine:
             return
         holders = [peer for peer, digest in same.items() if digest == winner]
