@@ -45,10 +45,27 @@ from .errors import StreamClosedError as StreamClosedError
 from .net import HostConfig as HostConfig
 from .progress import GlobalProgress as GlobalProgress
 from .progress import ProgressConfig as ProgressConfig
-from .training import Optimizer as Optimizer
-from .training import OptimizerConfig as OptimizerConfig
-from .training import StateDownload as StateDownload
-from .training import StateSyncConfig as StateSyncConfig
+from .statesync import StateDownload as StateDownload
+from .statesync import StateSyncConfig as StateSyncConfig
 from .wire import Message as Message
 from .wire import RpcProtocol as RpcProtocol
 from .wire import WireConfig as WireConfig
+
+# The training layer needs torch; import it only when one of its names is used,
+# so that ``import p2pdl`` (the networking stack alone) does not load torch.
+_LAZY = {"Optimizer": "training", "OptimizerConfig": "training"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from ._node import AsyncioNode, Node
     from .net._addrs import PeerIDLike
-    from .training import StateDownload
+    from .statesync import StateDownload
 
 __all__ = ["SyncProgress", "SyncTracker", "SyncMatchmaking", "AsyncioProgress",
            "AsyncioTracker", "AsyncioMatchmaking", "SyncAveraging", "AsyncioAveraging",

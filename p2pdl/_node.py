@@ -53,7 +53,7 @@ from .nat import DIALBACK, NatService, Reachability, ReachabilityConfig
 from .net import Host, HostConfig, open_host
 from .net._addrs import PeerIDLike
 from .progress import PROGRESS_PROTOCOL, ProgressConfig, ProgressService
-from .training import STATESYNC_PROTOCOL_ID, StateSyncConfig, StateSyncService
+from .statesync import STATESYNC_PROTOCOL_ID, StateSyncConfig, StateSyncService
 from .wire import (
     PING,
     FramedStream,

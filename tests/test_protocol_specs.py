@@ -24,13 +24,14 @@ from p2pdl.averaging import (
     Layout,
     MatchmakingConfig,
 )
-from p2pdl.averaging import _allreduce as ar_state
-from p2pdl.averaging import _ar_messages as ar_messages
-from p2pdl.averaging import _ar_service as ar_service
-from p2pdl.averaging import _matchmaking as mm_state
-from p2pdl.averaging import _mm_messages as mm_messages
-from p2pdl.averaging import _mm_service as mm_service
-from p2pdl.averaging import config as mm_config
+from p2pdl.averaging.allreduce import _messages as ar_messages
+from p2pdl.averaging.allreduce import _service as ar_service
+from p2pdl.averaging.allreduce import _state as ar_state
+from p2pdl.averaging.allreduce import config as ar_config
+from p2pdl.averaging.matchmaking import _messages as mm_messages
+from p2pdl.averaging.matchmaking import _service as mm_service
+from p2pdl.averaging.matchmaking import _state as mm_state
+from p2pdl.averaging.matchmaking import config as mm_config
 from p2pdl.dht import DHT_PROTOCOL_ID, GROUP_PREFIX, DHTConfig, GroupMember, RoutingTable
 from p2pdl.dht import _messages as dht_messages
 from p2pdl.dht import config as dht_config
@@ -45,10 +46,10 @@ from p2pdl.progress import PROGRESS_PROTOCOL_ID, SNAPSHOT_PREFIX, ProgressConfig
 from p2pdl.progress import _messages as progress_messages
 from p2pdl.progress import config as progress_config
 from p2pdl.progress._service import MAX_PUSH_BACKOFF
+from p2pdl.statesync import _messages as ss_messages
+from p2pdl.statesync import _state as ss_state
+from p2pdl.statesync import config as ss_config
 from p2pdl.training import STATESYNC_PROTOCOL_ID, StateSyncConfig
-from p2pdl.training import _ss_messages as ss_messages
-from p2pdl.training import _statesync as ss_state
-from p2pdl.training import config as ss_config
 from p2pdl.wire import PING_PROTOCOL_ID, WireConfig
 from p2pdl.wire._ping import MAX_PING_PAYLOAD
 
@@ -275,8 +276,7 @@ def test_progress_messages_and_signatures_match_the_code():
 
 def test_matchmaking_definitions_match_the_code():
     rows = definitions(spec("matchmaking.md"))
-    # Every hard limit of averaging/config.py that the matchmaking modules use
-    # (the same file also holds the all-reduce's limits, specified elsewhere).
+    # Every hard limit of averaging/matchmaking/config.py that the matchmaking modules use.
     used = vars(mm_messages).keys() | vars(mm_state).keys() | vars(mm_service).keys()
     limits = {name: value for name, value in vars(mm_config).items()
               if name.isupper() and type(value) is int and name in used}
@@ -340,7 +340,7 @@ def test_allreduce_definitions_match_the_code():
     for name in ("MAX_WEIGHT", "LAYOUT_DIGEST_SIZE", "MAX_SEGMENTS"):
         assert number(rows[name]) == getattr(ar_messages, name), name
     for name in ("MIN_CHUNK_VALUES", "MAX_CHUNK_VALUES", "MAX_AVERAGING_TIMEOUT"):
-        assert number(rows[name]) == getattr(mm_config, name), name
+        assert number(rows[name]) == getattr(ar_config, name), name
     assert number(rows["LAYOUT_VERSION"]) == ar_state.LAYOUT_VERSION
     for name in ("DONE_LINGER", "MAX_RECENT_GROUPS"):
         assert number(rows[name]) == getattr(ar_service, name), name

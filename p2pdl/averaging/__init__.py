@@ -1,43 +1,23 @@
 """Averaging layer: peers that are ready for a step form groups and average.
 
-Issue 5 builds **matchmaking**: peers ready for the same epoch of a run form
-groups of at most ``target_group_size`` within ``matchmaking_time``, with no
-coordinator, through the DHT and one request/response protocol
-(protocols/matchmaking.md, docs/matchmaking.md).  Reach it as
-``node.matchmaking``.  Then the group averages with a butterfly all-reduce
-(protocols/allreduce.md, docs/allreduce.md): ``node.averaging.all_reduce``.  Modules:
+Two protocols, each a package of the same shape, and the pieces they share:
 
-* ``config`` -- :class:`MatchmakingConfig` (documented defaults) and the
-  wire's hard limits.
-* ``_mm_messages`` -- the protocol ``/p2pdl/matchmaking/1.0.0``: join,
-  formed, rejected.
-* ``_matchmaking`` -- sans-IO: the order of peers, the plan of a view,
-  :class:`LeaderState`, :class:`MatchmakingRound`, group ids and the checks
-  of a leader's answer.
-* ``_mm_service`` -- :class:`MatchmakingService`: announce, gather, lead or
-  join, retry.
+* ``matchmaking`` -- ``/p2pdl/matchmaking/1.0.0`` (``node.matchmaking``): peers
+  ready for the same epoch of a run form groups of at most
+  ``target_group_size`` within ``matchmaking_time``, with no coordinator.
+* ``allreduce`` -- ``/p2pdl/allreduce/1.0.0`` (``node.averaging``): the group's
+  butterfly all-reduce.
 * ``_balancing`` -- sans-IO: the linear program that sizes each reducer's part
-  from bandwidth and compute (:func:`plan_load`), equal shares, part sizes.
+  from bandwidth and compute (:func:`plan_load`), equal shares, part sizes;
+  used by the matchmaking leader (the plan) and the all-reduce (its layout).
 * ``_codecs`` -- sans-IO: how tensors travel -- codecs ``none``, ``fp16`` and
   blockwise ``uint8``, their error bounds, strict decoding, and
   :func:`choose_codec` by size (:class:`CodecPolicy`).
-* ``_allreduce`` -- sans-IO: the :class:`Layout` of parts and chunks every
-  member computes, :class:`PartReducer` (weighted sums, exclusions, averages
-  chunk by chunk), :class:`PartReceiver`, the results.
-* ``_ar_messages`` -- the protocol ``/p2pdl/allreduce/1.0.0``: begin, done,
-  reject, and the chunks as TENSOR frames.
-* ``_ar_service`` -- :class:`AllReduceService` (``node.averaging``): the
-  streams of a butterfly all-reduce, sending, reducing and receiving at once.
+* ``config`` -- both protocols' settings under one import path.
+
+Every public name of the two protocol packages is re-exported here.
 """
 
-from ._allreduce import AllReduceResult as AllReduceResult
-from ._allreduce import Contribution as Contribution
-from ._allreduce import Layout as Layout
-from ._allreduce import PartReceiver as PartReceiver
-from ._allreduce import PartReducer as PartReducer
-from ._allreduce import PartResult as PartResult
-from ._ar_messages import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
-from ._ar_service import AllReduceService as AllReduceService
 from ._balancing import LoadPlan as LoadPlan
 from ._balancing import PeerCapacity as PeerCapacity
 from ._balancing import equal_shares as equal_shares
@@ -52,21 +32,30 @@ from ._codecs import Uint8Codec as Uint8Codec
 from ._codecs import choose_codec as choose_codec
 from ._codecs import codec_from_header as codec_from_header
 from ._codecs import get_codec as get_codec
-from ._matchmaking import GROUP_ID_DOMAIN as GROUP_ID_DOMAIN
-from ._matchmaking import ORDER_DOMAIN as ORDER_DOMAIN
-from ._matchmaking import Group as Group
-from ._matchmaking import GroupMemberInfo as GroupMemberInfo
-from ._matchmaking import LeaderState as LeaderState
-from ._matchmaking import MatchmakingRound as MatchmakingRound
-from ._matchmaking import Plan as Plan
-from ._matchmaking import PlannedGroup as PlannedGroup
-from ._matchmaking import compute_group_id as compute_group_id
-from ._matchmaking import next_leader as next_leader
-from ._matchmaking import order_key as order_key
-from ._matchmaking import plan_groups as plan_groups
-from ._mm_messages import MATCHMAKING_PROTOCOL as MATCHMAKING_PROTOCOL
-from ._mm_messages import MATCHMAKING_PROTOCOL_ID as MATCHMAKING_PROTOCOL_ID
-from ._mm_service import MatchmakingService as MatchmakingService
-from ._mm_service import round_key as round_key
-from .config import AllReduceConfig as AllReduceConfig
-from .config import MatchmakingConfig as MatchmakingConfig
+from .allreduce import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
+from .allreduce import AllReduceConfig as AllReduceConfig
+from .allreduce import AllReduceResult as AllReduceResult
+from .allreduce import AllReduceService as AllReduceService
+from .allreduce import Contribution as Contribution
+from .allreduce import Layout as Layout
+from .allreduce import PartReceiver as PartReceiver
+from .allreduce import PartReducer as PartReducer
+from .allreduce import PartResult as PartResult
+from .matchmaking import GROUP_ID_DOMAIN as GROUP_ID_DOMAIN
+from .matchmaking import MATCHMAKING_PROTOCOL as MATCHMAKING_PROTOCOL
+from .matchmaking import MATCHMAKING_PROTOCOL_ID as MATCHMAKING_PROTOCOL_ID
+from .matchmaking import ORDER_DOMAIN as ORDER_DOMAIN
+from .matchmaking import Group as Group
+from .matchmaking import GroupMemberInfo as GroupMemberInfo
+from .matchmaking import LeaderState as LeaderState
+from .matchmaking import MatchmakingConfig as MatchmakingConfig
+from .matchmaking import MatchmakingRound as MatchmakingRound
+from .matchmaking import MatchmakingService as MatchmakingService
+from .matchmaking import Plan as Plan
+from .matchmaking import PlannedGroup as PlannedGroup
+from .matchmaking import compute_group_id as compute_group_id
+from .matchmaking import next_leader as next_leader
+from .matchmaking import order_key as order_key
+from .matchmaking import plan_fractions as plan_fractions
+from .matchmaking import plan_groups as plan_groups
+from .matchmaking import round_key as round_key

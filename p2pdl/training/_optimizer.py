@@ -36,7 +36,6 @@ import dataclasses
 import hashlib
 import io
 import logging
-import math
 import threading
 import time
 from collections.abc import Sequence
@@ -44,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..averaging import AllReduceConfig, AllReduceResult
+from ..averaging import AllReduceResult
 from ..errors import (
     CallTimeoutError,
     CheckpointError,
@@ -55,6 +54,7 @@ from ..errors import (
     StateSyncError,
 )
 from ._checkpoint import CheckpointPolicy, latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import MAX_STEP_SAMPLES, OptimizerConfig, check_int
 
 if TYPE_CHECKING:
     from ..progress import GlobalProgress
@@ -63,8 +63,6 @@ __all__ = ["Optimizer", "OptimizerConfig", "RoundInfo"]
 
 logger = logging.getLogger(__name__)
 
-MODES = ("dedloc", "diloco")
-ON_FAILURE = ("local", "skip")
 #: Version of the state dictionary shared with joiners and written to checkpoints.
 STATE_FORMAT = 1
 #: Seconds added to a round's own limits before the training thread gives up on it.
@@ -77,112 +75,6 @@ CHECK_RETRY = 0.2
 MAX_CHECKS = 50
 #: How often an auxiliary peer looks for the next epoch after joining a round (s).
 AUXILIARY_POLL = 0.05
-#: Largest batch a single ``step`` may report.
-MAX_STEP_SAMPLES = 2**31
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-    """How a :class:`Optimizer` trains with the swarm.  Every field has a default.
-
-    Attributes:
-        batch_size_per_step: samples in each ``step`` when ``step()`` is
-            called without ``batch_size`` (None: the call must say).
-        mode: ``"dedloc"`` (average gradients, one global step per epoch) or
-            ``"diloco"`` (local inner steps, then an outer step on the
-            averaged parameter deltas).
-        on_failure: what a round that found no group does: ``"local"``
-            (step with this peer's own gradients or delta, as hivemind does)
-            or ``"skip"`` (drop them; in DiLoCo mode go back to the last
-            shared parameters).  The epoch advances either way.
-        clip_grad_norm: clip the (averaged) gradients to this total norm
-            before the step (None: no clipping).  In DiLoCo mode it clips
-            each inner step's gradients.
-        delay_updates: average in the background while the next batches
-            compute and apply the result one step late (DeDLOC mode only).
-        outer_lr, outer_momentum: DiLoCo's outer Nesterov SGD (0.7, 0.9 as in
-            the DiLoCo paper).
-        auxiliary: this peer trains nothing; it only helps reduce (call
-            ``step()`` in a loop: each call waits for a round and joins it).
-        matchmaking_time, target_group_size: passed to ``form_group`` (None:
-            the node's :class:`~p2pdl.MatchmakingConfig`).
-        allreduce: the all-reduce settings (None: the node's).
-        bandwidth, reduce_rate: this peer's capacity (bytes/s) for the
-            leader's load plan (None: unknown).
-        state_sync: download the state from peers when behind (True); with
-            False a peer that falls behind only adopts the epoch.
-        share_state_every: offer the state to joiners every this many
-            epochs (1; serializing costs about one copy of the state).
-        sync_timeout: the longest one state download may take (s, 300).
-        sync_retry: seconds between attempts while a download fails (5).
-        ready_timeout: how long an auxiliary ``step()`` waits for a round (s, 60).
-        discovery_time: a peer steps alone (no averaging) only when its view
-            has had no other peer for this long (s, 10), counted from its
-            start: peers started together find each other before their first
-            step, and a view that loses the others for a moment does not
-            make a peer step alone and drift apart.
-        checkpoint_dir: write checkpoints here (None: none).  On start the
-            newest intact one is loaded.
-        checkpoint_every: every this many epochs (10).
-        checkpoint_keep: how many to keep (3).
-    """
-
-    batch_size_per_step: int | None = None
-    mode: str = "dedloc"
-    on_failure: str = "local"
-    clip_grad_norm: float | None = None
-    delay_updates: bool = False
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9
-    auxiliary: bool = False
-    matchmaking_time: float | None = None
-    target_group_size: int | None = None
-    allreduce: AllReduceConfig | None = None
-    bandwidth: float | None = None
-    reduce_rate: float | None = None
-    state_sync: bool = True
-    share_state_every: int = 1
-    sync_timeout: float = 300.0
-    sync_retry: float = 5.0
-    ready_timeout: float = 60.0
-    discovery_time: float = 10.0
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 10
-    checkpoint_keep: int = 3
-
-    def __post_init__(self) -> None:
-        if self.batch_size_per_step is not None:
-            _check_int("batch_size_per_step", self.batch_size_per_step, 1, MAX_STEP_SAMPLES)
-        if self.mode not in MODES:
-            raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
-        if self.on_failure not in ON_FAILURE:
-            raise ConfigError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
-        for name in ("clip_grad_norm", "matchmaking_time", "bandwidth", "reduce_rate"):
-            value = getattr(self, name)
-            if value is not None and not _positive(value):
-                raise ConfigError(f"{name} must be None or a positive number, got {value!r}")
-        for name in ("outer_lr", "sync_timeout", "sync_retry", "ready_timeout"):
-            if not _positive(getattr(self, name)):
-                raise ConfigError(f"{name} must be a positive number, "
-                                  f"got {getattr(self, name)!r}")
-        if not (_number(self.discovery_time) and self.discovery_time >= 0):
-            raise ConfigError(f"discovery_time must be a number >= 0, got {self.discovery_time!r}")
-        if not (_number(self.outer_momentum) and 0 <= self.outer_momentum < 1):
-            raise ConfigError(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
-        for name in ("delay_updates", "auxiliary", "state_sync"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"{name} must be True or False")
-        if self.delay_updates and self.mode == "diloco":
-            raise ConfigError("delay_updates applies to mode='dedloc' only")
-        if self.target_group_size is not None:
-            _check_int("target_group_size", self.target_group_size, 2, 2**16)
-        if self.allreduce is not None and not isinstance(self.allreduce, AllReduceConfig):
-            raise ConfigError("allreduce must be an AllReduceConfig or None")
-        _check_int("share_state_every", self.share_state_every, 1, 2**31)
-        _check_int("checkpoint_every", self.checkpoint_every, 1, 2**31)
-        _check_int("checkpoint_keep", self.checkpoint_keep, 1, 1000)
-        if self.checkpoint_dir is not None:
-            object.__setattr__(self, "checkpoint_dir", str(self.checkpoint_dir))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,7 +136,7 @@ class Optimizer:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"optimizer must be a torch.optim.Optimizer, "
                               f"got {type(optimizer).__name__}")
-        _check_int("target_batch_size", target_batch_size, 1, 2**40)
+        check_int("target_batch_size", target_batch_size, 1, 2**40)
         self.config = config
         self.node = node
         self.run_id = run_id
@@ -348,7 +240,7 @@ class Optimizer:
         samples = batch_size if batch_size is not None else self.config.batch_size_per_step
         if samples is None:
             raise ConfigError("step() needs batch_size (or set batch_size_per_step)")
-        _check_int("batch_size", samples, 0, MAX_STEP_SAMPLES)
+        check_int("batch_size", samples, 0, MAX_STEP_SAMPLES)
         if not self._matching():
             progress = self._tracker.global_progress()
             if progress.epoch > self._epoch:
@@ -889,18 +781,3 @@ def _check_like(values: Any, reference: Sequence[torch.Tensor], what: str) -> No
                 or not value.is_floating_point() or not bool(torch.isfinite(value).all()):
             raise ConfigError(f"the state's {what} tensor {i} does not fit "
                               f"(expected finite {tuple(ref.shape)})")
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value)
-
-
-def _positive(value: object) -> bool:
-    return _number(value) and value > 0  # type: ignore[operator]
-
-
-def _check_int(name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
-

@@ -1,131 +1,147 @@
-"""Settings of state sync (protocols/statesync.md), with documented defaults."""
+"""Settings of the training layer: :class:`OptimizerConfig`, with documented defaults.
+
+The state-sync settings, which lived here before state sync became a package
+of its own, are re-exported for old imports.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 
+from ..averaging import AllReduceConfig
 from ..errors import ConfigError
+from ..statesync.config import DIGEST_SIZE as DIGEST_SIZE
+from ..statesync.config import MAX_CHUNK_SIZE as MAX_CHUNK_SIZE
+from ..statesync.config import MAX_CHUNKS as MAX_CHUNKS
+from ..statesync.config import MIN_CHUNK_SIZE as MIN_CHUNK_SIZE
+from ..statesync.config import GiB as GiB
+from ..statesync.config import KiB as KiB
+from ..statesync.config import MiB as MiB
+from ..statesync.config import StateSyncConfig as StateSyncConfig
 
-KiB = 1024
-MiB = 1024 * KiB
-GiB = 1024 * MiB
+__all__ = ["OptimizerConfig", "MODES", "ON_FAILURE", "MAX_STEP_SAMPLES"]
 
-#: Hard limits of the wire protocol, whatever a node's configuration says.
-MAX_RUN_ID_LENGTH = 128        # characters of a run id, 1 at least
-MAX_EPOCH = 2**53              # largest epoch (exact in a float64, like progress reports)
-DIGEST_SIZE = 32               # bytes of a SHA-256 digest (payload and chunks)
-MIN_CHUNK_SIZE = 4 * KiB       # bytes of one chunk, at least (the last one may be shorter)
-MAX_CHUNK_SIZE = 768 * KiB     # bytes of one chunk, at most: a chunk reply fits in 1 MiB
-MAX_CHUNKS = 16384             # chunks of one snapshot: the manifest's digests fit in 512 KiB
-MAX_CODE_LENGTH = 32           # characters of a refusal code
-MAX_DETAIL_LENGTH = 200        # characters of a refusal's explanation
-
-#: Bytes a manifest or chunk reply may take besides its digests or chunk
-#: (the envelope, the field names, the run id): the wire's message limit must
-#: leave this much room.
-MESSAGE_OVERHEAD = 1 * KiB
+MODES = ("dedloc", "diloco")
+ON_FAILURE = ("local", "skip")
+#: Largest batch a single ``step`` may report.
+MAX_STEP_SAMPLES = 2**31
 
 
 @dataclasses.dataclass(frozen=True)
-class StateSyncConfig:
-    """How a node shares its training state and downloads others' (``node.state_sync``).
+class OptimizerConfig:
+    """How a :class:`Optimizer` trains with the swarm.  Every field has a default.
 
     Attributes:
-        chunk_size: bytes of payload per chunk (the unit of transfer, retry,
-            verification and resumption).  Default 512 KiB
-            (MIN_CHUNK_SIZE..MAX_CHUNK_SIZE).
-        max_state_bytes: largest payload this node shares or downloads, and
-            the most bytes of unfinished downloads it keeps.  Default 4 GiB.
-            ``ceil(max_state_bytes / chunk_size)`` must not exceed MAX_CHUNKS,
-            so that a manifest (32 bytes per chunk) fits in one wire message.
-        keep_snapshots: snapshots of one run a donor keeps: the newest and
-            older ones, so that downloads of the previous epoch can finish.
-            Default 2.
-        max_runs: runs one node shares at once, and runs it keeps unfinished
-            downloads of.  Default 16.
-        fetch_timeout: default time limit of one ``fetch``.  Default 300 s.
-        request_timeout: longest wait for one manifest or one chunk.
-            Default 30 s.
-        max_donors: donors one fetch asks at most (the first ones given).
-            Default 64.
-        max_concurrent_requests: manifest requests one fetch has in flight
-            at once.  Default 16.
-        max_parallel_chunks: chunk requests one fetch has in flight at once,
-            over all donors.  Default 8.
-        max_chunks_per_donor: chunk requests one fetch has in flight at one
-            donor.  Default 2.
-        max_chunk_attempts: times one chunk may fail (a timeout, an error, a
-            bad hash) before the fetch gives up.  Default 5.
-        max_donor_failures: failed chunk requests in a row after which a
-            donor is dropped from the download.  Default 3.
-        max_manifest_rounds: times one fetch reads the donors' manifests: at
-            the start, and again when every donor of the chosen state no
-            longer has it (``gone``).  Default 3.
-        max_concurrent_uploads: chunk replies this node has handed to the
-            wire and not yet written, over all fetchers; further chunk
-            requests are refused ``busy``.  Default 16.
-        busy_backoff: a fetcher leaves a donor that refused ``busy`` alone
-            this long, doubling with each refusal in a row up to
-            MAX_BUSY_BACKOFF.  Default 0.1 s.
-        max_busy_refusals: ``busy`` refusals in a row after which a donor is
-            dropped from the download.  Default 30.
+        batch_size_per_step: samples in each ``step`` when ``step()`` is
+            called without ``batch_size`` (None: the call must say).
+        mode: ``"dedloc"`` (average gradients, one global step per epoch) or
+            ``"diloco"`` (local inner steps, then an outer step on the
+            averaged parameter deltas).
+        on_failure: what a round that found no group does: ``"local"``
+            (step with this peer's own gradients or delta, as hivemind does)
+            or ``"skip"`` (drop them; in DiLoCo mode go back to the last
+            shared parameters).  The epoch advances either way.
+        clip_grad_norm: clip the (averaged) gradients to this total norm
+            before the step (None: no clipping).  In DiLoCo mode it clips
+            each inner step's gradients.
+        delay_updates: average in the background while the next batches
+            compute and apply the result one step late (DeDLOC mode only).
+        outer_lr, outer_momentum: DiLoCo's outer Nesterov SGD (0.7, 0.9 as in
+            the DiLoCo paper).
+        auxiliary: this peer trains nothing; it only helps reduce (call
+            ``step()`` in a loop: each call waits for a round and joins it).
+        matchmaking_time, target_group_size: passed to ``form_group`` (None:
+            the node's :class:`~p2pdl.MatchmakingConfig`).
+        allreduce: the all-reduce settings (None: the node's).
+        bandwidth, reduce_rate: this peer's capacity (bytes/s) for the
+            leader's load plan (None: unknown).
+        state_sync: download the state from peers when behind (True); with
+            False a peer that falls behind only adopts the epoch.
+        share_state_every: offer the state to joiners every this many
+            epochs (1; serializing costs about one copy of the state).
+        sync_timeout: the longest one state download may take (s, 300).
+        sync_retry: seconds between attempts while a download fails (5).
+        ready_timeout: how long an auxiliary ``step()`` waits for a round (s, 60).
+        discovery_time: a peer steps alone (no averaging) only when its view
+            has had no other peer for this long (s, 10), counted from its
+            start: peers started together find each other before their first
+            step, and a view that loses the others for a moment does not
+            make a peer step alone and drift apart.
+        checkpoint_dir: write checkpoints here (None: none).  On start the
+            newest intact one is loaded.
+        checkpoint_every: every this many epochs (10).
+        checkpoint_keep: how many to keep (3).
     """
 
-    chunk_size: int = 512 * KiB
-    max_state_bytes: int = 4 * GiB
-    keep_snapshots: int = 2
-    max_runs: int = 16
-    fetch_timeout: float = 300.0
-    request_timeout: float = 30.0
-    max_donors: int = 64
-    max_concurrent_requests: int = 16
-    max_parallel_chunks: int = 8
-    max_chunks_per_donor: int = 2
-    max_chunk_attempts: int = 5
-    max_donor_failures: int = 3
-    max_manifest_rounds: int = 3
-    max_concurrent_uploads: int = 16
-    busy_backoff: float = 0.1
-    max_busy_refusals: int = 30
+    batch_size_per_step: int | None = None
+    mode: str = "dedloc"
+    on_failure: str = "local"
+    clip_grad_norm: float | None = None
+    delay_updates: bool = False
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    auxiliary: bool = False
+    matchmaking_time: float | None = None
+    target_group_size: int | None = None
+    allreduce: AllReduceConfig | None = None
+    bandwidth: float | None = None
+    reduce_rate: float | None = None
+    state_sync: bool = True
+    share_state_every: int = 1
+    sync_timeout: float = 300.0
+    sync_retry: float = 5.0
+    ready_timeout: float = 60.0
+    discovery_time: float = 10.0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 10
+    checkpoint_keep: int = 3
 
     def __post_init__(self) -> None:
-        def check(ok: bool, what: str) -> None:
-            if not ok:
-                raise ConfigError(f"StateSyncConfig: {what}")
-
-        for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.type in ("int", int):
-                check(_is_int(value) and value >= 1, f"{field.name} must be an integer >= 1, "
-                      f"got {value!r}")
-            else:
-                check(not isinstance(value, bool) and isinstance(value, (int, float))
-                      and math.isfinite(value) and value > 0,
-                      f"{field.name} must be a finite number > 0, got {value!r}")
-        check(MIN_CHUNK_SIZE <= self.chunk_size <= MAX_CHUNK_SIZE,
-              f"chunk_size must be in {MIN_CHUNK_SIZE}..{MAX_CHUNK_SIZE}")
-        check(self.max_chunks <= MAX_CHUNKS,
-              f"max_state_bytes / chunk_size must be at most {MAX_CHUNKS} chunks (the "
-              f"manifest must fit in one message); got {self.max_chunks}")
-        check(self.request_timeout <= self.fetch_timeout,
-              "request_timeout must not exceed fetch_timeout")
-        check(self.max_chunks_per_donor <= self.max_parallel_chunks,
-              "max_chunks_per_donor must not exceed max_parallel_chunks")
-
-    @property
-    def max_chunks(self) -> int:
-        """Chunks of the largest payload this node handles."""
-        return -(-self.max_state_bytes // self.chunk_size)
-
-    def manifest_message_bound(self) -> int:
-        """Most bytes a manifest of this node's largest payload takes on the wire."""
-        return self.max_chunks * DIGEST_SIZE + MESSAGE_OVERHEAD
-
-    def chunk_message_bound(self) -> int:
-        """Most bytes a chunk reply takes on the wire."""
-        return self.chunk_size + MESSAGE_OVERHEAD
+        if self.batch_size_per_step is not None:
+            check_int("batch_size_per_step", self.batch_size_per_step, 1, MAX_STEP_SAMPLES)
+        if self.mode not in MODES:
+            raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.on_failure not in ON_FAILURE:
+            raise ConfigError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
+        for name in ("clip_grad_norm", "matchmaking_time", "bandwidth", "reduce_rate"):
+            value = getattr(self, name)
+            if value is not None and not _positive(value):
+                raise ConfigError(f"{name} must be None or a positive number, got {value!r}")
+        for name in ("outer_lr", "sync_timeout", "sync_retry", "ready_timeout"):
+            if not _positive(getattr(self, name)):
+                raise ConfigError(f"{name} must be a positive number, "
+                                  f"got {getattr(self, name)!r}")
+        if not (_number(self.discovery_time) and self.discovery_time >= 0):
+            raise ConfigError(f"discovery_time must be a number >= 0, got {self.discovery_time!r}")
+        if not (_number(self.outer_momentum) and 0 <= self.outer_momentum < 1):
+            raise ConfigError(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
+        for name in ("delay_updates", "auxiliary", "state_sync"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name} must be True or False")
+        if self.delay_updates and self.mode == "diloco":
+            raise ConfigError("delay_updates applies to mode='dedloc' only")
+        if self.target_group_size is not None:
+            check_int("target_group_size", self.target_group_size, 2, 2**16)
+        if self.allreduce is not None and not isinstance(self.allreduce, AllReduceConfig):
+            raise ConfigError("allreduce must be an AllReduceConfig or None")
+        check_int("share_state_every", self.share_state_every, 1, 2**31)
+        check_int("checkpoint_every", self.checkpoint_every, 1, 2**31)
+        check_int("checkpoint_keep", self.checkpoint_keep, 1, 1000)
+        if self.checkpoint_dir is not None:
+            object.__setattr__(self, "checkpoint_dir", str(self.checkpoint_dir))
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def _positive(value: object) -> bool:
+    return _number(value) and value > 0  # type: ignore[operator]
+
+
+def check_int(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-GUIDE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "matchmaking.md"
+GUIDE = pathlib.Path(__file__).resolve().parents[3] / "docs" / "matchmaking.md"
 
 
 def python_blocks() -> list[str]:

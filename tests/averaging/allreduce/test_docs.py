@@ -12,7 +12,7 @@ import pytest
 
 from p2pdl.averaging import AllReduceConfig
 
-GUIDE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "allreduce.md"
+GUIDE = pathlib.Path(__file__).resolve().parents[3] / "docs" / "allreduce.md"
 
 
 def python_blocks() -> list[str]:

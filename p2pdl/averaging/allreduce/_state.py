@@ -30,17 +30,17 @@ from typing import TYPE_CHECKING, Any
 
 import msgpack
 
-from ..errors import LocalProtocolError, RemoteProtocolError
-from ..wire import TensorHeader
-from ._ar_messages import MAX_SEGMENTS, Segment
-from ._balancing import part_sizes
-from ._codecs import Codec, CodecPolicy, choose_codec, codec_from_header
+from ...errors import LocalProtocolError, RemoteProtocolError
+from ...wire import TensorHeader
+from .._balancing import part_sizes
+from .._codecs import Codec, CodecPolicy, choose_codec, codec_from_header
+from ._messages import MAX_SEGMENTS, Segment
 
 if TYPE_CHECKING:
     import torch
     from libp2p.peer.id import ID
 
-    from ._matchmaking import Group
+    from ..matchmaking import Group
 
 __all__ = ["ChunkSpec", "Layout", "PartReducer", "PartReceiver", "SenderState",
            "RejectError", "Contribution", "PartResult", "AllReduceResult", "LAYOUT_VERSION",

@@ -1,6 +1,6 @@
 """An all-reduce member in its own process, for tests that kill it (SIGKILL).
 
-    python tests/averaging/ar_peer.py MODE
+    python tests/averaging/allreduce/ar_peer.py MODE
 
 Prints ``{"peer_id": ..., "addr": ...}``, then reads one JSON line:
 ``{"members": [peer ids in group order], "addrs": [addresses to connect to],
@@ -26,7 +26,7 @@ from libp2p.peer.id import ID
 
 import p2pdl
 from p2pdl.averaging import AllReduceConfig, CodecPolicy, Group, GroupMemberInfo
-from p2pdl.averaging import _ar_service as service
+from p2pdl.averaging.allreduce import _service as service
 from p2pdl.testing import loopback_config
 
 SHAPES = [(30000,), (123, 45), (7,)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from ..wire import MaxLen, Message, Range, RpcProtocol
-from ._statesync import Manifest
+from ._state import Manifest
 from .config import (
     DIGEST_SIZE,
     MAX_CHUNK_SIZE,
@@ -29,6 +29,8 @@ __all__ = ["STATESYNC_PROTOCOL_ID", "STATESYNC_PROTOCOL", "REFUSAL_CODES", "GetM
            "ManifestReply", "GetChunk", "ChunkReply", "Refused"]
 
 STATESYNC_PROTOCOL_ID = "/p2pdl/statesync/1.0.0"
+#: This protocol's id (every protocol package exports it under this name).
+PROTOCOL_ID = STATESYNC_PROTOCOL_ID
 
 #: Why a donor did not serve a request (protocols/statesync.md, Errors).
 REFUSAL_CODES = {

@@ -29,16 +29,27 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from .._concurrency import open_service_nursery
-from ..errors import (
+from ..._concurrency import open_service_nursery
+from ...errors import (
     ConfigError,
     LocalProtocolError,
     P2PDLError,
     RemoteProtocolError,
     StreamClosedError,
 )
-from ..wire import FramedStream, TensorChunk, WireConfig, open_framed_stream
-from ._allreduce import (
+from ...wire import FramedStream, TensorChunk, WireConfig, open_framed_stream
+from .._balancing import round_time
+from ..matchmaking.config import MAX_DETAIL_LENGTH
+from ._messages import (
+    ALLREDUCE_PROTOCOL_ID,
+    MAX_WEIGHT,
+    REDUCER_MESSAGES,
+    SENDER_MESSAGES,
+    Begin,
+    Done,
+    Reject,
+)
+from ._state import (
     AUXILIARY_NO_RESULT,
     AllReduceResult,
     Layout,
@@ -49,23 +60,13 @@ from ._allreduce import (
     contributions,
     default_fractions,
 )
-from ._ar_messages import (
-    ALLREDUCE_PROTOCOL_ID,
-    MAX_WEIGHT,
-    REDUCER_MESSAGES,
-    SENDER_MESSAGES,
-    Begin,
-    Done,
-    Reject,
-)
-from ._balancing import round_time
-from .config import MAX_DETAIL_LENGTH, AllReduceConfig
+from .config import AllReduceConfig
 
 if TYPE_CHECKING:
     import torch
 
-    from ..net import Host
-    from ._matchmaking import Group
+    from ...net import Host
+    from ..matchmaking import Group
 
 __all__ = ["AllReduceService", "MAX_RECENT_GROUPS"]
 

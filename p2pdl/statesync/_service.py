@@ -17,7 +17,7 @@ payload) from peers at the newest epoch:
   chunks of an unfinished download stay here, so a later fetch of the same
   state resumes.
 
-The logic is in ``_statesync`` (sans-IO); this module moves its messages.
+The logic is in ``_state`` (sans-IO); this module moves its messages.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from ..net import Host
 from ..net._addrs import PeerIDLike, parse_peer_id
 from ..wire import FramedStream, Message, RequestContext, WireConfig
 from ..wire._rpc import serve_rpc_stream
-from ._ss_messages import (
+from ._messages import (
     STATESYNC_PROTOCOL,
     ChunkReply,
     GetChunk,
@@ -53,7 +53,7 @@ from ._ss_messages import (
     ManifestReply,
     Refused,
 )
-from ._statesync import (
+from ._state import (
     ChunkPlan,
     Failure,
     Manifest,

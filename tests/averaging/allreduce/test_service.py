@@ -20,8 +20,8 @@ from p2pdl.averaging import (
     get_codec,
     part_sizes,
 )
-from p2pdl.averaging._allreduce import default_fractions
-from p2pdl.averaging._ar_messages import Begin
+from p2pdl.averaging.allreduce._messages import Begin
+from p2pdl.averaging.allreduce._state import default_fractions
 from p2pdl.errors import ConfigError
 from p2pdl.testing import open_nodes
 from p2pdl.wire import TensorHeader
@@ -299,7 +299,7 @@ async def test_streams_for_unknown_or_finished_groups_are_refused():
     import dataclasses
 
     from p2pdl import NodeConfig
-    from p2pdl.averaging._ar_messages import REDUCER_MESSAGES, Reject
+    from p2pdl.averaging.allreduce._messages import REDUCER_MESSAGES, Reject
 
     config = dataclasses.replace(NodeConfig(), allreduce=AllReduceConfig(join_wait=0.5))
     async with open_nodes(2, config) as nodes:

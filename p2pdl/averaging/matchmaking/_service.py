@@ -32,17 +32,18 @@ from typing import Any, Protocol
 import trio
 from libp2p.peer.id import ID
 
-from ..dht import DHTService, GroupPeer
-from ..errors import (
+from ...dht import DHTService, GroupPeer
+from ...errors import (
     ConfigError,
     LocalProtocolError,
     MatchmakingFailedError,
     P2PDLError,
     RemoteProtocolError,
 )
-from ..net import Host
-from ..wire import Message, RequestContext, RpcProtocol
-from ._matchmaking import (
+from ...net import Host
+from ...wire import Message, RequestContext, RpcProtocol
+from ._messages import MATCHMAKING_PROTOCOL, REJECT_CODES, Formed, Join, MemberEntry, Rejected
+from ._state import (
     ACCEPTED,
     HOLD,
     Group,
@@ -56,7 +57,6 @@ from ._matchmaking import (
     next_leader,
     plan_groups,
 )
-from ._mm_messages import MATCHMAKING_PROTOCOL, REJECT_CODES, Formed, Join, MemberEntry, Rejected
 from .config import MAX_DETAIL_LENGTH, MAX_GROUP_SIZE, MAX_MATCHMAKING_TIME, MatchmakingConfig
 
 __all__ = ["MatchmakingService", "round_key", "REPLY_MARGIN", "JOIN_SLACK",

@@ -48,8 +48,8 @@ import msgpack
 import multihash  # py-libp2p's dependency: checks the structure of peer ids
 from libp2p.peer.id import ID
 
-from ..errors import RemoteProtocolError
-from ._balancing import PeerCapacity, equal_shares, plan_load
+from ...errors import RemoteProtocolError
+from .._balancing import PeerCapacity, equal_shares, plan_load
 from .config import MAX_EPOCH, MAX_PEER_ID_SIZE, MAX_RATE, MAX_RUN_ID_LENGTH, MIN_RATE
 
 __all__ = ["ORDER_DOMAIN", "GROUP_ID_DOMAIN", "FRACTION_TOLERANCE", "GroupMemberInfo", "Group",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from ..wire import MaxLen, Message, Range, RpcProtocol
+from ...wire import MaxLen, Message, Range, RpcProtocol
 from .config import (
     GROUP_ID_SIZE,
     MAX_CODE_LENGTH,
@@ -24,6 +24,8 @@ from .config import (
 )
 
 MATCHMAKING_PROTOCOL_ID = "/p2pdl/matchmaking/1.0.0"
+#: This protocol's id (every protocol package exports it under this name).
+PROTOCOL_ID = MATCHMAKING_PROTOCOL_ID
 
 #: Why a leader turned a join request down (protocols/matchmaking.md, Errors).
 REJECT_CODES = {

@@ -1,4 +1,4 @@
-"""p2pdl.training._statesync (sans-IO): manifests, snapshots, partial downloads, the chunk plan."""
+"""p2pdl.statesync._state (sans-IO): manifests, snapshots, partial downloads, the chunk plan."""
 
 from __future__ import annotations
 
@@ -12,15 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pdl.errors import ConfigError, RemoteProtocolError
-from p2pdl.training import StateSyncConfig
-from p2pdl.training._ss_messages import (
+from p2pdl.statesync._messages import (
     STATESYNC_PROTOCOL,
     ChunkReply,
     GetChunk,
     ManifestReply,
     Refused,
 )
-from p2pdl.training._statesync import (
+from p2pdl.statesync._state import (
     MAX_BUSY_BACKOFF,
     ChunkPlan,
     Failure,
@@ -32,13 +31,14 @@ from p2pdl.training._statesync import (
     choose_manifest,
     chunk_count,
 )
-from p2pdl.training.config import (
+from p2pdl.statesync.config import (
     DIGEST_SIZE,
     MAX_CHUNK_SIZE,
     MAX_CHUNKS,
     MIN_CHUNK_SIZE,
     MiB,
 )
+from p2pdl.training import StateSyncConfig
 from p2pdl.wire import WireConfig, encode_message
 
 pytestmark = pytest.mark.timeout(60)

@@ -24,7 +24,7 @@ from p2pdl.averaging import (
     plan_groups,
 )
 from p2pdl.averaging._balancing import PeerCapacity
-from p2pdl.averaging._matchmaking import (
+from p2pdl.averaging.matchmaking._state import (
     ACCEPTED,
     FRACTION_TOLERANCE,
     HOLD,
@@ -517,7 +517,7 @@ def test_the_leaders_plan_favours_fast_members_and_gives_clients_nothing():
 
 
 def test_the_plan_falls_back_to_equal_shares_when_the_program_fails(monkeypatch):
-    import p2pdl.averaging._matchmaking as mm
+    import p2pdl.averaging.matchmaking._state as mm
 
     def broken(peers, vector_bytes):
         raise LocalProtocolError("the load-balancing program failed: infeasible")

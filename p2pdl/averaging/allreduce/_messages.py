@@ -14,14 +14,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from ..wire import MaxLen, Message, MessageSet, Range
-from .config import GROUP_ID_SIZE, MAX_CODE_LENGTH, MAX_DETAIL_LENGTH, MAX_GROUP_SIZE
+from ...wire import MaxLen, Message, MessageSet, Range
+from ..matchmaking.config import GROUP_ID_SIZE, MAX_CODE_LENGTH, MAX_DETAIL_LENGTH, MAX_GROUP_SIZE
 
 __all__ = ["ALLREDUCE_PROTOCOL_ID", "Begin", "Segment", "Done", "Reject", "REJECT_CODES",
            "SENDER_MESSAGES", "REDUCER_MESSAGES", "LAYOUT_DIGEST_SIZE", "MAX_WEIGHT",
            "MAX_SEGMENTS"]
 
 ALLREDUCE_PROTOCOL_ID = "/p2pdl/allreduce/1.0.0"
+#: This protocol's id (every protocol package exports it under this name).
+PROTOCOL_ID = ALLREDUCE_PROTOCOL_ID
 
 #: Bytes of a layout digest (SHA-256).
 LAYOUT_DIGEST_SIZE = 32

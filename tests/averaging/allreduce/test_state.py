@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pdl.averaging import CodecPolicy, Layout, PartReceiver, PartReducer, get_codec
-from p2pdl.averaging._allreduce import RejectError, SenderState
-from p2pdl.averaging._ar_messages import Segment
+from p2pdl.averaging.allreduce._messages import Segment
+from p2pdl.averaging.allreduce._state import RejectError, SenderState
 from p2pdl.errors import RemoteProtocolError
 
 EXACT = CodecPolicy(large="none")

@@ -17,8 +17,8 @@ import trio
 from p2pdl.averaging import AllReduceConfig, CodecPolicy, Group, GroupMemberInfo
 from p2pdl.testing import open_nodes
 
+from ..matchmaking.test_service import read_json_line
 from .ar_peer import peer_inputs
-from .test_matchmaking import read_json_line
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 

@@ -27,8 +27,8 @@ from p2pdl.averaging import (
     plan_groups,
     round_key,
 )
-from p2pdl.averaging._matchmaking import plan_fractions
-from p2pdl.averaging._mm_messages import Formed, Join, MemberEntry, Rejected
+from p2pdl.averaging.matchmaking._messages import Formed, Join, MemberEntry, Rejected
+from p2pdl.averaging.matchmaking._state import plan_fractions
 from p2pdl.errors import (
     ConfigError,
     LocalProtocolError,
@@ -486,7 +486,7 @@ async def test_bad_arguments_are_clear_errors():
 
 
 def test_effective_waits_follow_matchmaking_time_and_stay_below_the_wire_limit():
-    from p2pdl.averaging._mm_service import JOIN_SLACK, _Params
+    from p2pdl.averaging.matchmaking._service import JOIN_SLACK, _Params
 
     default = _Params(MatchmakingConfig(), 16, 2, 15.0, max_hold=59.0)
     assert (default.gather_time, default.join_window, default.join_wait) == (0.5, 4.0, 5.5)

@@ -1,6 +1,6 @@
 """A matchmaking peer in its own process, for tests that kill it (SIGKILL).
 
-    python tests/averaging/mm_peer.py INITIAL_PEER_ADDR TARGET MATCHMAKING_TIME JOIN_WINDOW
+    python tests/averaging/matchmaking/mm_peer.py INITIAL_PEER TARGET MATCHMAKING_TIME JOIN_WINDOW
 
 Prints ``{"peer_id": ...}`` once its DHT has contacts, then reads one line
 ``RUN_ID EPOCH`` from stdin and calls ``form_group``; prints ``{"event":

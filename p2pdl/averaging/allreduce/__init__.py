@@ -1,0 +1,28 @@
+"""Butterfly all-reduce (``/p2pdl/allreduce/1.0.0``, ``node.averaging``): the members of
+a group average their tensors, each reducing one part (protocols/allreduce.md,
+docs/allreduce.md).
+
+Modules:
+
+* ``config`` -- :class:`AllReduceConfig` (documented defaults) and the hard
+  limits of chunks and timeouts.
+* ``_messages`` -- the protocol: begin, done, reject; the chunks travel as
+  TENSOR frames.
+* ``_state`` -- sans-IO: the :class:`Layout` of parts and chunks every member
+  computes, :class:`PartReducer` (weighted sums, exclusions, averages chunk by
+  chunk), :class:`PartReceiver`, the results.
+* ``_service`` -- :class:`AllReduceService`: the streams of a butterfly
+  all-reduce, sending, reducing and receiving at once.
+"""
+
+from ._messages import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
+from ._messages import PROTOCOL_ID as PROTOCOL_ID
+from ._service import AllReduceService as AllReduceService
+from ._state import AllReduceResult as AllReduceResult
+from ._state import Contribution as Contribution
+from ._state import Layout as Layout
+from ._state import PartReceiver as PartReceiver
+from ._state import PartReducer as PartReducer
+from ._state import PartResult as PartResult
+from ._state import default_fractions as default_fractions
+from .config import AllReduceConfig as AllReduceConfig

@@ -1,0 +1,22 @@
+"""State sync (``/p2pdl/statesync/1.0.0``, ``node.state_sync``): a peer that joins late
+or falls behind downloads the training state from donors, chunk by chunk, each
+chunk verified (protocols/statesync.md, docs/statesync.md).
+
+Modules:
+
+* ``config`` -- :class:`StateSyncConfig` (documented defaults) and the wire's
+  hard limits.
+* ``_messages`` -- the protocol: manifest and chunk requests, replies, refusals.
+* ``_state`` -- sans-IO: manifests, the snapshot table of a donor, resumable
+  partial downloads, the manifest vote and the chunk plan.
+* ``_service`` -- :class:`StateSyncService`: share, serve, fetch ->
+  :class:`StateDownload`.
+"""
+
+from ._messages import PROTOCOL_ID as PROTOCOL_ID
+from ._messages import STATESYNC_PROTOCOL as STATESYNC_PROTOCOL
+from ._messages import STATESYNC_PROTOCOL_ID as STATESYNC_PROTOCOL_ID
+from ._service import StateDownload as StateDownload
+from ._service import StateSyncService as StateSyncService
+from ._state import Manifest as Manifest
+from .config import StateSyncConfig as StateSyncConfig
