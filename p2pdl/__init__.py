@@ -16,11 +16,13 @@ Layers, bottom to top (docs/architecture.md has the map):
 * ``p2pdl.netlab`` -- the emulated internet (network namespaces, NAT, caps).
 """
 
-from ._node import AsyncioNode as AsyncioNode
-from ._node import Node as Node
-from ._node import NodeConfig as NodeConfig
+from ._config import NodeConfig as NodeConfig
+from ._node import NodeStatistics as NodeStatistics
 from ._node import TrioNode as TrioNode
 from ._node import open_node as open_node
+from ._portal import Portal as Portal
+from ._sync_node import AsyncioNode as AsyncioNode
+from ._sync_node import Node as Node
 from ._version import __version__ as __version__
 from .averaging import Group as Group
 from .averaging import MatchmakingConfig as MatchmakingConfig
@@ -45,6 +47,9 @@ from .errors import StreamClosedError as StreamClosedError
 from .net import HostConfig as HostConfig
 from .progress import GlobalProgress as GlobalProgress
 from .progress import ProgressConfig as ProgressConfig
+from .service import AdmissionGate as AdmissionGate
+from .service import OpenAdmission as OpenAdmission
+from .service import Refusal as Refusal
 from .statesync import StateDownload as StateDownload
 from .statesync import StateSyncConfig as StateSyncConfig
 from .wire import Message as Message

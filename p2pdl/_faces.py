@@ -1,11 +1,12 @@
-"""Progress, matchmaking, averaging and state sync for sync and asyncio code
-(``Node.progress``, ``node.aio.progress``, ``Node.state_sync``...).
+"""The sync and asyncio faces of every service (``Node.dht``, ``node.aio.progress``...).
 
-The trio objects live on the node's trio thread; these faces call them
-there.  A tracker's short calls (``report``, ``global_progress``) hop to the
-trio thread and back at once; waits (``wait_ready``, ``form_group``) block
-the calling thread, or await in asyncio, with a timeout.  State sync's
-``share`` and ``unshare`` are thread safe and run in the caller's thread.
+The trio services live on the node's trio thread; each face holds the service
+and the node's :class:`~p2pdl._portal.Portal` and calls it there.  Short calls
+(``report``, ``global_progress``, ``statistics``) hop to the trio thread and
+back at once (``portal.run_sync``); waits (``wait_ready``, ``form_group``,
+``fetch``) block the calling thread with a timeout, or are awaited in asyncio
+without blocking its loop.  State sync's ``share`` and ``unshare`` are thread
+safe and run in the caller's thread (the payload is hashed there).
 """
 
 from __future__ import annotations
@@ -14,28 +15,38 @@ import asyncio
 import concurrent.futures
 import math
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from numbers import Real
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from .averaging import AllReduceResult, Group
+from .averaging import (
+    AllReduceConfig,
+    AllReduceResult,
+    AllReduceService,
+    Group,
+    MatchmakingConfig,
+    MatchmakingService,
+    average_round,
+)
+from .dht import DHTService, GroupPeer, Schema, ValueWithExpiration
 from .errors import CallTimeoutError, NodeClosedError
-from .progress import GlobalProgress, PeerReport, ProgressTracker
+from .progress import GlobalProgress, PeerReport, ProgressService, ProgressTracker
+from .statesync import StateDownload, StateSyncConfig, StateSyncService
 
 if TYPE_CHECKING:
     import torch
     from libp2p.peer.id import ID
 
-    from ._node import AsyncioNode, Node
-    from .net._addrs import PeerIDLike
-    from .statesync import StateDownload
+    from ._portal import Portal
+    from .dht import DHTConfig
+    from .net import PeerIDLike
 
-__all__ = ["SyncProgress", "SyncTracker", "SyncMatchmaking", "AsyncioProgress",
-           "AsyncioTracker", "AsyncioMatchmaking", "SyncAveraging", "AsyncioAveraging",
-           "SyncStateSync", "AsyncioStateSync"]
+__all__ = ["SyncDHT", "AsyncioDHT", "SyncProgress", "SyncTracker", "AsyncioProgress",
+           "AsyncioTracker", "SyncMatchmaking", "AsyncioMatchmaking", "SyncAveraging",
+           "AsyncioAveraging", "SyncStateSync", "AsyncioStateSync"]
 
 T = TypeVar("T")
 
@@ -45,6 +56,121 @@ TRACKER_START_TIMEOUT = 30.0
 FORM_GROUP_SLACK = 10.0
 #: A state-sync fetch from sync code waits its timeout plus this (s).
 FETCH_SLACK = 10.0
+#: A DHT operation from sync code waits its timeout plus this (s).
+DHT_SLACK = 5.0
+
+
+# -- the DHT -----------------------------------------------------------------------
+
+
+def _dht_op(dht: DHTService, fn: Callable[[DHTService], Awaitable[T]],
+            timeout: float | None) -> Callable[[], Awaitable[T]]:
+    """``fn(dht)``, bounded by ``timeout`` on the trio side (CallTimeoutError)."""
+    async def run() -> T:
+        if timeout is None:
+            return await fn(dht)
+        with trio.move_on_after(timeout):
+            return await fn(dht)
+        raise CallTimeoutError(f"the DHT operation did not finish within {timeout} s")
+    return run
+
+
+class SyncDHT:
+    """``node.dht`` of a sync :class:`~p2pdl.Node`: the DHT operations, blocking.
+
+    Each method waits at most ``timeout`` seconds (default: the DHT's
+    ``operation_timeout``) or, with ``return_future=True``, returns a
+    :class:`concurrent.futures.Future` at once.  See :class:`DHTService`.
+    """
+
+    def __init__(self, portal: Portal, dht: DHTService, config: DHTConfig) -> None:
+        self._portal = portal
+        self._dht = dht
+        self._config = config
+
+    def _do(self, fn: Callable[[DHTService], Awaitable[T]], timeout: float | None,
+            return_future: bool) -> Any:
+        limit = self._config.operation_timeout if timeout is None else timeout
+        return self._portal.run(_dht_op(self._dht, fn, timeout), limit + DHT_SLACK,
+                                return_future=return_future)
+
+    def store(self, key: str, value: Any, expiration_time: float, subkey: str | None = None, *,
+              timeout: float | None = None, return_future: bool = False) -> Any:
+        return self._do(lambda d: d.store(key, value, expiration_time, subkey), timeout,
+                        return_future)
+
+    def get(self, key: str, latest: bool = False, *, timeout: float | None = None,
+            return_future: bool = False) -> Any:
+        return self._do(lambda d: d.get(key, latest), timeout, return_future)
+
+    def announce(self, group: str, expiration_time: float, *, timeout: float | None = None,
+                 return_future: bool = False) -> Any:
+        return self._do(lambda d: d.announce(group, expiration_time), timeout, return_future)
+
+    def find_peers(self, group: str, *, timeout: float | None = None,
+                   return_future: bool = False) -> Any:
+        return self._do(lambda d: d.find_peers(group), timeout, return_future)
+
+    def own_subkey(self, name: str = "") -> str:
+        """This node's own signed subkey (no waiting: it is derived from the peer id)."""
+        self._portal.check_open()
+        return self._dht.own_subkey(name)
+
+    def now(self) -> float:
+        """The DHT's clock (wall-clock seconds)."""
+        self._portal.check_open()
+        return self._dht.now()
+
+    def register_schema(self, schema: Schema) -> None:
+        self._portal.run_sync(self._dht.register_schema, schema)
+
+    def statistics(self) -> Any:
+        return self._portal.run_sync(self._dht.statistics)
+
+
+class AsyncioDHT:
+    """``node.aio.dht``: the DHT operations as asyncio coroutines."""
+
+    def __init__(self, portal: Portal, dht: DHTService) -> None:
+        self._portal = portal
+        self._dht = dht
+
+    async def _do(self, fn: Callable[[DHTService], Awaitable[T]], timeout: float | None) -> T:
+        return await self._portal.aio(_dht_op(self._dht, fn, timeout))
+
+    async def store(self, key: str, value: Any, expiration_time: float,
+                    subkey: str | None = None, *, timeout: float | None = None) -> bool:
+        return await self._do(lambda d: d.store(key, value, expiration_time, subkey), timeout)
+
+    async def get(self, key: str, latest: bool = False, *,
+                  timeout: float | None = None) -> ValueWithExpiration[Any] | None:
+        return await self._do(lambda d: d.get(key, latest), timeout)
+
+    async def announce(self, group: str, expiration_time: float, *,
+                       timeout: float | None = None) -> bool:
+        return await self._do(lambda d: d.announce(group, expiration_time), timeout)
+
+    async def find_peers(self, group: str, *, timeout: float | None = None) -> list[GroupPeer]:
+        return await self._do(lambda d: d.find_peers(group), timeout)
+
+    def own_subkey(self, name: str = "") -> str:
+        """This node's own signed subkey (no waiting: it is derived from the peer id)."""
+        self._portal.check_open()
+        return self._dht.own_subkey(name)
+
+    def now(self) -> float:
+        """The DHT's clock (wall-clock seconds)."""
+        self._portal.check_open()
+        return self._dht.now()
+
+    async def register_schema(self, schema: Schema) -> None:
+        await asyncio.to_thread(self._portal.run_sync, self._dht.register_schema, schema)
+
+    async def statistics(self) -> Any:
+        return await asyncio.to_thread(self._portal.run_sync, self._dht.statistics)
+
+
+# -- progress ----------------------------------------------------------------------
 
 
 class SyncTracker:
@@ -54,21 +180,21 @@ class SyncTracker:
     The methods are those of the trio tracker; ``wait_ready`` blocks.
     """
 
-    def __init__(self, node: Node, run_id: str, target_batch_size: int,
-                 options: dict[str, Any]) -> None:
-        self._node = node
+    def __init__(self, portal: Portal, progress: ProgressService, run_id: str,
+                 target_batch_size: int, options: dict[str, Any]) -> None:
+        self._portal = portal
         self._tracker: ProgressTracker | None = None
         self._stop: trio.Event | None = None
         started = threading.Event()
 
-        async def hold(trio_node: Any) -> None:
+        async def hold() -> None:
             self._stop = trio.Event()
-            async with trio_node.progress.track(run_id, target_batch_size, **options) as tracker:
+            async with progress.track(run_id, target_batch_size, **options) as tracker:
                 self._tracker = tracker
                 started.set()
                 await self._stop.wait()
 
-        self._future = node._submit(hold)
+        self._future = portal.submit(hold)
         for _ in range(int(TRACKER_START_TIMEOUT / 0.05)):
             if started.wait(0.05):
                 return
@@ -81,24 +207,24 @@ class SyncTracker:
     def _on_trio(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         if self._tracker is None or self._future.done():
             raise NodeClosedError("the tracker is closed")
-        try:
-            return trio.from_thread.run_sync(lambda: fn(*args, **kwargs),
-                                             trio_token=self._node._token)
-        except trio.RunFinishedError:
-            raise NodeClosedError("the node is shut down") from None
+        return self._portal.run_sync(lambda: fn(*args, **kwargs))
+
+    def _live_tracker(self) -> ProgressTracker:
+        if self._tracker is None:
+            raise NodeClosedError("the tracker is closed")
+        return self._tracker
 
     @property
     def run_id(self) -> str:
-        assert self._tracker is not None
-        return self._tracker.run_id
+        return self._live_tracker().run_id
 
     @property
     def local_epoch(self) -> int:
-        return self._on_trio(lambda: self._tracker.local_epoch)  # type: ignore[union-attr]
+        return self._on_trio(lambda: self._live_tracker().local_epoch)
 
     @property
     def samples_accumulated(self) -> int:
-        return self._on_trio(lambda: self._tracker.samples_accumulated)  # type: ignore[union-attr]
+        return self._on_trio(lambda: self._live_tracker().samples_accumulated)
 
     @property
     def ready_to_step(self) -> bool:
@@ -106,38 +232,36 @@ class SyncTracker:
 
     def report(self, samples_accumulated: int, epoch: int | None = None, *,
                samples_per_second: float | None = None) -> None:
-        assert self._tracker is not None
-        self._on_trio(self._tracker.report, samples_accumulated, epoch,
+        self._on_trio(self._live_tracker().report, samples_accumulated, epoch,
                       samples_per_second=samples_per_second)
 
     def update_epoch(self, epoch: int | None = None) -> int:
-        assert self._tracker is not None
-        return self._on_trio(self._tracker.update_epoch, epoch)
+        return self._on_trio(self._live_tracker().update_epoch, epoch)
 
     def global_progress(self) -> GlobalProgress:
-        assert self._tracker is not None
-        return self._on_trio(self._tracker.global_progress)
+        return self._on_trio(self._live_tracker().global_progress)
 
     def peers(self) -> list[PeerReport]:
-        assert self._tracker is not None
-        return self._on_trio(self._tracker.peers)
+        return self._on_trio(self._live_tracker().peers)
 
-    def statistics(self) -> dict[str, Any]:
-        assert self._tracker is not None
-        return self._on_trio(self._tracker.statistics)
+    def statistics(self) -> Any:
+        return self._on_trio(self._live_tracker().statistics)
 
     def wait_ready(self, timeout: float) -> GlobalProgress:
         """Block until this peer is ready to step (``CallTimeoutError`` after ``timeout`` s)."""
-        tracker = self._tracker
-        assert tracker is not None
-        return self._node._run(lambda n: tracker.wait_ready(timeout), timeout + 5.0, False)
+        tracker = self._live_tracker()
+        return self._portal.run(lambda: tracker.wait_ready(timeout), timeout + 5.0)
+
+    async def _wait_ready_aio(self, timeout: float) -> GlobalProgress:
+        tracker = self._live_tracker()
+        return await self._portal.aio(lambda: tracker.wait_ready(timeout))
 
     def close(self) -> None:
         """Stop tracking (idempotent).  Also done by leaving the ``with`` block."""
         if self._stop is not None and not self._future.done():
             try:
-                trio.from_thread.run_sync(self._stop.set, trio_token=self._node._token)
-            except trio.RunFinishedError:
+                self._portal.run_sync(self._stop.set)
+            except NodeClosedError:
                 return
         try:
             self._future.result(TRACKER_START_TIMEOUT)
@@ -154,8 +278,9 @@ class SyncTracker:
 class SyncProgress:
     """``node.progress`` of a sync :class:`~p2pdl.Node`."""
 
-    def __init__(self, node: Node) -> None:
-        self._node = node
+    def __init__(self, portal: Portal, progress: ProgressService) -> None:
+        self._portal = portal
+        self._progress = progress
 
     def track(self, run_id: str, target_batch_size: int, **options: Any) -> SyncTracker:
         """Start tracking ``run_id``; use the result in a ``with`` block.
@@ -163,90 +288,10 @@ class SyncProgress:
         ``options`` are those of :meth:`ProgressService.track` (``auxiliary``,
         ``client_mode``, ``config``).
         """
-        return SyncTracker(self._node, run_id, target_batch_size, options)
+        return SyncTracker(self._portal, self._progress, run_id, target_batch_size, options)
 
-    def statistics(self) -> dict[str, Any]:
-        return self._node._run(_async(lambda n: n.progress.statistics()), 10.0, False)
-
-
-class SyncMatchmaking:
-    """``node.matchmaking`` of a sync :class:`~p2pdl.Node`."""
-
-    def __init__(self, node: Node) -> None:
-        self._node = node
-
-    def form_group(self, run_id: str, epoch: int, **options: Any) -> Group:
-        """Block until this peer is in a group (see :meth:`MatchmakingService.form_group`).
-
-        Raises :class:`~p2pdl.MatchmakingFailedError` as the trio call does.
-        """
-        limit = options.get("matchmaking_time") or self._node.config.matchmaking.matchmaking_time
-        return self._node._run(lambda n: n.matchmaking.form_group(run_id, epoch, **options),
-                               limit + FORM_GROUP_SLACK, False)
-
-    def statistics(self) -> dict[str, Any]:
-        return self._node._run(_async(lambda n: n.matchmaking.statistics()), 10.0, False)
-
-
-class SyncAveraging:
-    """``node.averaging`` of a sync :class:`~p2pdl.Node`."""
-
-    def __init__(self, node: Node) -> None:
-        self._node = node
-
-    def all_reduce(self, group: Group, tensors: Sequence[torch.Tensor], **options: Any
-                   ) -> AllReduceResult:
-        """Block until the all-reduce ends (see :meth:`AllReduceService.all_reduce`).
-
-        It lasts at most the config's ``averaging_timeout`` (plus a margin);
-        the tensors are read and, with ``inplace=True``, written in the
-        node's thread, so leave them alone until it returns.
-        """
-        config = options.get("config") or self._node.config.allreduce
-        return self._node._run(lambda n: n.averaging.all_reduce(group, tensors, **options),
-                               config.averaging_timeout + FORM_GROUP_SLACK, False)
-
-    def statistics(self) -> dict[str, Any]:
-        return self._node._run(_async(lambda n: n.averaging.statistics()), 10.0, False)
-
-
-class SyncStateSync:
-    """``node.state_sync`` of a sync :class:`~p2pdl.Node`.
-
-    ``share`` and ``unshare`` call the trio service's thread-safe methods in
-    the calling thread (the manifest is hashed there); ``fetch`` blocks until
-    the download ends (see :meth:`StateSyncService.fetch`).
-    """
-
-    def __init__(self, node: Node) -> None:
-        self._node = node
-
-    def share(self, run_id: str, epoch: int, payload: bytes) -> None:
-        self._node._live().state_sync.share(run_id, epoch, payload)
-
-    def unshare(self, run_id: str) -> None:
-        self._node._live().state_sync.unshare(run_id)
-
-    def fetch(self, run_id: str, donors: Sequence[PeerIDLike], *, min_epoch: int = 0,
-              timeout: float | None = None, digest: bytes | None = None) -> StateDownload:
-        """Block until the state is downloaded (at most ``timeout`` s, default
-        ``fetch_timeout``).  Raises what the trio call raises."""
-        donors = _listed(donors)
-        limit = timeout if isinstance(timeout, Real) and not isinstance(timeout, bool) \
-            else self._node.config.state_sync.fetch_timeout
-        wait = float(limit) + FETCH_SLACK if math.isfinite(limit) else None
-        return self._node._run(lambda n: n.state_sync.fetch(run_id, donors, min_epoch=min_epoch,
-                                                            timeout=timeout, digest=digest),
-                               wait, False)
-
-    def offers(self, run_id: str, donors: Sequence[PeerIDLike]) -> dict[ID, tuple[int, bytes]]:
-        """Block until every donor said what it offers (see :meth:`StateSyncService.offers`)."""
-        donors = _listed(donors)
-        wait = self._node.config.state_sync.request_timeout + FETCH_SLACK
-        return self._node._run(lambda n: n.state_sync.offers(run_id, donors), wait, False)
-
-    def statistics(self) -> dict[str, Any]:
-        return self._node._run(_async(lambda n: n.state_sync.statistics()), 10.0, False)
+    def statistics(self) -> Any:
+        return self._portal.run_sync(self._progress.statistics)
 
 
 class AsyncioTracker:
@@ -276,87 +321,225 @@ class AsyncioTracker:
         return self._sync.samples_accumulated
 
     async def wait_ready(self, timeout: float) -> GlobalProgress:
-        tracker = self._sync._tracker
-        assert tracker is not None
-        return await asyncio.wrap_future(
-            self._sync._node._submit(lambda n: tracker.wait_ready(timeout)))
+        return await self._sync._wait_ready_aio(timeout)
 
 
 class AsyncioProgress:
     """``node.aio.progress``."""
 
-    def __init__(self, aio: AsyncioNode) -> None:
-        self._aio = aio
+    def __init__(self, portal: Portal, progress: ProgressService) -> None:
+        self._portal = portal
+        self._progress = progress
 
     @asynccontextmanager
     async def track(self, run_id: str, target_batch_size: int,
                     **options: Any) -> AsyncIterator[AsyncioTracker]:
-        sync = await asyncio.to_thread(SyncTracker, self._aio._node, run_id, target_batch_size,
-                                       options)
+        sync = await asyncio.to_thread(SyncTracker, self._portal, self._progress, run_id,
+                                       target_batch_size, options)
         try:
             yield AsyncioTracker(sync)
         finally:
             await asyncio.to_thread(sync.close)
 
+    async def statistics(self) -> Any:
+        return await asyncio.to_thread(self._portal.run_sync, self._progress.statistics)
+
+
+# -- matchmaking and averaging -----------------------------------------------------------
+
+
+def _round_limit(matchmaking: MatchmakingConfig, allreduce: AllReduceConfig,
+                 options: dict[str, Any]) -> float:
+    """How long one form_group + all_reduce may take, from sync code."""
+    mm_time = options.get("matchmaking_time") or matchmaking.matchmaking_time
+    config = options.get("config") or allreduce
+    return mm_time + config.averaging_timeout + 2 * FORM_GROUP_SLACK
+
+
+class SyncMatchmaking:
+    """``node.matchmaking`` of a sync :class:`~p2pdl.Node`."""
+
+    def __init__(self, portal: Portal, matchmaking: MatchmakingService) -> None:
+        self._portal = portal
+        self._matchmaking = matchmaking
+
+    def form_group(self, run_id: str, epoch: int, **options: Any) -> Group:
+        """Block until this peer is in a group (see :meth:`MatchmakingService.form_group`).
+
+        Raises :class:`~p2pdl.MatchmakingFailedError` as the trio call does.
+        """
+        limit = options.get("matchmaking_time") or self._matchmaking.config.matchmaking_time
+        return self._portal.run(lambda: self._matchmaking.form_group(run_id, epoch, **options),
+                                limit + FORM_GROUP_SLACK)
+
+    def statistics(self) -> Any:
+        return self._portal.run_sync(self._matchmaking.statistics)
+
 
 class AsyncioMatchmaking:
     """``node.aio.matchmaking``."""
 
-    def __init__(self, aio: AsyncioNode) -> None:
-        self._aio = aio
+    def __init__(self, portal: Portal, matchmaking: MatchmakingService) -> None:
+        self._portal = portal
+        self._matchmaking = matchmaking
 
     async def form_group(self, run_id: str, epoch: int, **options: Any) -> Group:
-        return await self._aio._await(lambda n: n.matchmaking.form_group(run_id, epoch,
-                                                                         **options))
+        return await self._portal.aio(lambda: self._matchmaking.form_group(run_id, epoch,
+                                                                           **options))
+
+
+class SyncAveraging:
+    """``node.averaging`` of a sync :class:`~p2pdl.Node`.
+
+    ``all_reduce`` averages with a group from matchmaking; ``start_round``
+    does both steps of a round (form a group, average) in the node's thread
+    and returns a :class:`concurrent.futures.Future` at once -- what
+    :class:`~p2pdl.Optimizer` runs every epoch.
+    """
+
+    def __init__(self, portal: Portal, averaging: AllReduceService,
+                 matchmaking: MatchmakingService) -> None:
+        self._portal = portal
+        self._averaging = averaging
+        self._matchmaking = matchmaking
+
+    def all_reduce(self, group: Group, tensors: Sequence[torch.Tensor], **options: Any
+                   ) -> AllReduceResult:
+        """Block until the all-reduce ends (see :meth:`AllReduceService.all_reduce`).
+
+        It lasts at most the config's ``averaging_timeout`` (plus a margin);
+        the tensors are read and, with ``inplace=True``, written in the
+        node's thread, so leave them alone until it returns.
+        """
+        config = options.get("config") or self._averaging.config
+        return self._portal.run(lambda: self._averaging.all_reduce(group, tensors, **options),
+                                config.averaging_timeout + FORM_GROUP_SLACK)
+
+    def start_round(self, run_id: str, epoch: int, tensors: Sequence[torch.Tensor], *,
+                    weight: float, **options: Any
+                    ) -> concurrent.futures.Future[AllReduceResult]:
+        """Start one round -- form a group for ``epoch`` of ``run_id``, then all-reduce
+        ``tensors`` with it -- and return its future at once.
+
+        ``options`` are those of :func:`~p2pdl.averaging.average_round`
+        (``config``, ``inplace``, ``on_group`` and the ``form_group`` options).
+        The tensors are read (and, with ``inplace=True``, written) in the
+        node's thread until the future is done.  The future fails with
+        :class:`~p2pdl.MatchmakingFailedError` when no group formed; cancelling
+        it cancels the round.
+        """
+        return self._portal.submit(lambda: average_round(
+            self._matchmaking, self._averaging, run_id, epoch, tensors, weight=weight,
+            **options))
+
+    def round_limit(self, **options: Any) -> float:
+        """The longest a round started with these ``options`` can take (s), margins included."""
+        return _round_limit(self._matchmaking.config, self._averaging.config, options)
+
+    def statistics(self) -> Any:
+        return self._portal.run_sync(self._averaging.statistics)
 
 
 class AsyncioAveraging:
     """``node.aio.averaging``."""
 
-    def __init__(self, aio: AsyncioNode) -> None:
-        self._aio = aio
+    def __init__(self, portal: Portal, averaging: AllReduceService,
+                 matchmaking: MatchmakingService) -> None:
+        self._portal = portal
+        self._averaging = averaging
+        self._matchmaking = matchmaking
 
     async def all_reduce(self, group: Group, tensors: Sequence[torch.Tensor],
                          **options: Any) -> AllReduceResult:
-        return await self._aio._await(lambda n: n.averaging.all_reduce(group, tensors,
-                                                                       **options))
+        return await self._portal.aio(lambda: self._averaging.all_reduce(group, tensors,
+                                                                         **options))
+
+    async def round(self, run_id: str, epoch: int, tensors: Sequence[torch.Tensor], *,
+                    weight: float, **options: Any) -> AllReduceResult:
+        """One round (form a group, then average): see :meth:`SyncAveraging.start_round`."""
+        return await self._portal.aio(lambda: average_round(
+            self._matchmaking, self._averaging, run_id, epoch, tensors, weight=weight,
+            **options))
 
 
-def _async(fn: Callable[[Any], T]) -> Callable[[Any], Any]:
-    async def run(node: Any) -> T:
-        return fn(node)
-    return run
+# -- state sync --------------------------------------------------------------------
+
+
+class SyncStateSync:
+    """``node.state_sync`` of a sync :class:`~p2pdl.Node`.
+
+    ``share`` and ``unshare`` call the trio service's thread-safe methods in
+    the calling thread (the manifest is hashed there); ``fetch`` blocks until
+    the download ends (see :meth:`StateSyncService.fetch`).
+    """
+
+    def __init__(self, portal: Portal, state_sync: StateSyncService) -> None:
+        self._portal = portal
+        self._state_sync = state_sync
+
+    @property
+    def config(self) -> StateSyncConfig:
+        return self._state_sync.config
+
+    def share(self, run_id: str, epoch: int, payload: bytes) -> None:
+        self._portal.check_open()
+        self._state_sync.share(run_id, epoch, payload)
+
+    def unshare(self, run_id: str) -> None:
+        self._portal.check_open()
+        self._state_sync.unshare(run_id)
+
+    def fetch(self, run_id: str, donors: Sequence[PeerIDLike], *, min_epoch: int = 0,
+              timeout: float | None = None, digest: bytes | None = None) -> StateDownload:
+        """Block until the state is downloaded (at most ``timeout`` s, default
+        ``fetch_timeout``).  Raises what the trio call raises."""
+        donors = _listed(donors)
+        limit = timeout if isinstance(timeout, Real) and not isinstance(timeout, bool) \
+            else self._state_sync.config.fetch_timeout
+        wait = float(limit) + FETCH_SLACK if math.isfinite(limit) else None
+        return self._portal.run(lambda: self._state_sync.fetch(
+            run_id, donors, min_epoch=min_epoch, timeout=timeout, digest=digest), wait)
+
+    def offers(self, run_id: str, donors: Sequence[PeerIDLike]) -> dict[ID, tuple[int, bytes]]:
+        """Block until every donor said what it offers (see :meth:`StateSyncService.offers`)."""
+        donors = _listed(donors)
+        wait = self._state_sync.config.request_timeout + FETCH_SLACK
+        return self._portal.run(lambda: self._state_sync.offers(run_id, donors), wait)
+
+    def statistics(self) -> Any:
+        return self._portal.run_sync(self._state_sync.statistics)
 
 
 class AsyncioStateSync:
     """``node.aio.state_sync``: ``fetch`` awaited; ``share`` and ``unshare`` as in sync code
     (they hash in the calling thread: share large payloads with ``asyncio.to_thread``)."""
 
-    def __init__(self, aio: AsyncioNode) -> None:
-        self._aio = aio
+    def __init__(self, portal: Portal, state_sync: StateSyncService) -> None:
+        self._portal = portal
+        self._state_sync = state_sync
 
     def share(self, run_id: str, epoch: int, payload: bytes) -> None:
-        self._aio._node._live().state_sync.share(run_id, epoch, payload)
+        self._portal.check_open()
+        self._state_sync.share(run_id, epoch, payload)
 
     def unshare(self, run_id: str) -> None:
-        self._aio._node._live().state_sync.unshare(run_id)
+        self._portal.check_open()
+        self._state_sync.unshare(run_id)
 
     async def fetch(self, run_id: str, donors: Sequence[PeerIDLike], *, min_epoch: int = 0,
                     timeout: float | None = None, digest: bytes | None = None
                     ) -> StateDownload:
         donors = _listed(donors)
-        return await self._aio._await(lambda n: n.state_sync.fetch(run_id, donors,
-                                                                   min_epoch=min_epoch,
-                                                                   timeout=timeout,
-                                                                   digest=digest))
+        return await self._portal.aio(lambda: self._state_sync.fetch(
+            run_id, donors, min_epoch=min_epoch, timeout=timeout, digest=digest))
 
     async def offers(self, run_id: str, donors: Sequence[PeerIDLike]
                      ) -> dict[ID, tuple[int, bytes]]:
         donors = _listed(donors)
-        return await self._aio._await(lambda n: n.state_sync.offers(run_id, donors))
+        return await self._portal.aio(lambda: self._state_sync.offers(run_id, donors))
 
-    async def statistics(self) -> dict[str, Any]:
-        return await self._aio._await(_async(lambda n: n.state_sync.statistics()))
+    async def statistics(self) -> Any:
+        return await asyncio.to_thread(self._portal.run_sync, self._state_sync.statistics)
 
 
 def _listed(donors: Any) -> Any:

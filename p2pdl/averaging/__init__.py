@@ -13,6 +13,7 @@ Two protocols, each a package of the same shape, and the pieces they share:
 * ``_codecs`` -- sans-IO: how tensors travel -- codecs ``none``, ``fp16`` and
   blockwise ``uint8``, their error bounds, strict decoding, and
   :func:`choose_codec` by size (:class:`CodecPolicy`).
+* ``_round`` -- :func:`average_round`: form a group, then average with it.
 * ``config`` -- both protocols' settings under one import path.
 
 Every public name of the two protocol packages is re-exported here.
@@ -32,6 +33,7 @@ from ._codecs import Uint8Codec as Uint8Codec
 from ._codecs import choose_codec as choose_codec
 from ._codecs import codec_from_header as codec_from_header
 from ._codecs import get_codec as get_codec
+from ._round import average_round as average_round
 from .allreduce import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
 from .allreduce import AllReduceConfig as AllReduceConfig
 from .allreduce import AllReduceResult as AllReduceResult

@@ -39,6 +39,7 @@ from ._routing import RoutingTable as RoutingTable
 from ._service import GROUP_PREFIX as GROUP_PREFIX
 from ._service import GROUP_SCHEMA as GROUP_SCHEMA
 from ._service import DHTService as DHTService
+from ._service import DHTStatistics as DHTStatistics
 from ._service import GroupMember as GroupMember
 from ._service import GroupPeer as GroupPeer
 from ._service import ValueWithExpiration as ValueWithExpiration

@@ -23,15 +23,16 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, TypeVar
 
 import multihash  # py-libp2p's dependency: checks the structure of peer ids
 import trio
 from libp2p.peer.id import ID
 
 from ..errors import LocalProtocolError, P2PDLError, RemoteProtocolError, RequestError
-from ..net import Backoff, Host
-from ..wire import Message, RequestContext, RpcProtocol
+from ..net import Backoff
+from ..service import ReachabilityView, RpcEndpoint, ServiceContext, Statistics
+from ..wire import Message, RequestContext
 from ._keys import distance, key_of
 from ._lookup import Lookup
 from ._messages import (
@@ -80,11 +81,6 @@ REPUBLISH_CONCURRENCY = 4
 #: Least time between two bootstraps (s).
 MIN_BOOTSTRAP_SPACING = 0.5
 
-#: The counters of :meth:`DHTService.statistics`.
-COUNTERS = ("stores", "stores_failed", "gets", "gets_not_found", "queries", "queries_failed",
-            "requests", "items_stored", "items_refused", "invalid_items_received",
-            "republished", "replicas_resent")
-
 #: Keys of group-membership records: ``p2pdl/group/<name>``.
 GROUP_PREFIX = "p2pdl/group/"
 
@@ -124,37 +120,55 @@ class GroupPeer:
     expiration: float
 
 
-class _Reachability(Protocol):
-    @property
-    def client_mode(self) -> bool: ...
+@dataclasses.dataclass(frozen=True)
+class DHTStatistics(Statistics):
+    """What ``DHTService.statistics()`` says: mode, sizes and counters (every
+    counter present, from 0).  ``gets_not_found`` counts gets that asked the
+    network (local hits are not counted); ``requests``, those answered for
+    others; ``invalid_items_received``, items this getter dropped."""
 
-    @property
-    def reachability(self) -> Any: ...
+    mode: str
+    routing_table: int
+    records: int
+    record_bytes: int
+    published: int
+    stores: int = 0
+    stores_failed: int = 0
+    gets: int = 0
+    gets_not_found: int = 0
+    queries: int = 0
+    queries_failed: int = 0
+    requests: int = 0
+    items_stored: int = 0
+    items_refused: int = 0
+    invalid_items_received: int = 0
+    republished: int = 0
+    replicas_resent: int = 0
 
-    async def wait_changed(self) -> None: ...
 
-
-Call = Callable[[ID, RpcProtocol, Message, float], Any]
+#: The counters of :class:`DHTStatistics`.
+COUNTERS = DHTStatistics.counter_names()
 
 
 class DHTService:
     """One node's part of the DHT.  The node creates it; reach it as ``node.dht``.
 
     Args:
-        host: the node's host (addresses, connections).
-        call: the node's RPC call function.
+        context: the node's host (addresses, connections), RPC call function
+            and wire limits.
         config: :class:`DHTConfig`.
         reachability: tells whether the node is public (``mode="auto"``).
         schemas: rules for key prefixes, besides the built-in group schema.
         clock: wall-clock time in seconds; expirations refer to it.
     """
 
-    def __init__(self, host: Host, call: Call, config: DHTConfig, reachability: _Reachability,
-                 *, schemas: Iterable[Schema] = (),
+    def __init__(self, context: ServiceContext, config: DHTConfig | None = None, *,
+                 reachability: ReachabilityView, schemas: Iterable[Schema] = (),
                  clock: Callable[[], float] = time.time) -> None:
+        host = context.host
         self._host = host
-        self._call = call
-        self._config = config
+        self._call = context.call
+        self._config = config = config or DHTConfig()
         self._reachability = reachability
         self._clock = clock
         self._peer_id = host.peer_id
@@ -204,17 +218,15 @@ class DHTService:
         """A subkey only this node can write (signed by its key): ``@<peer id>[/name]``."""
         return owned_subkey(self._peer_id, name)
 
-    def statistics(self) -> dict[str, Any]:
-        """Mode, sizes, and counters (every counter present, from 0): ``stores``,
-        ``stores_failed``, ``gets``, ``gets_not_found`` (gets that asked the
-        network; local hits are not counted), ``queries``, ``queries_failed``,
-        ``requests`` (answered for others), ``items_stored``, ``items_refused``,
-        ``invalid_items_received`` (dropped by this getter), ``republished``,
-        ``replicas_resent``."""
-        return {"mode": "server" if self.server_mode else "client",
-                "routing_table": len(self._table), "records": len(self._store),
-                "record_bytes": self._store.bytes, "published": len(self._published),
-                **{name: self._counters[name] for name in COUNTERS}}
+    def statistics(self) -> DHTStatistics:
+        """Mode, sizes and counters: :class:`DHTStatistics`."""
+        return DHTStatistics("server" if self.server_mode else "client", len(self._table),
+                             len(self._store), self._store.bytes, len(self._published),
+                             **{name: self._counters[name] for name in COUNTERS})
+
+    def endpoints(self) -> list[RpcEndpoint]:
+        """``/p2pdl/dht/1.0.0`` (served to everyone: it is not run-scoped)."""
+        return [RpcEndpoint(DHT_PROTOCOL, self.handle)]
 
     async def wait_table_changed(self, timeout: float) -> None:
         """Return when a contact enters the routing table, or after ``timeout`` s."""
@@ -571,7 +583,8 @@ class DHTService:
 
     # -- maintenance -------------------------------------------------------------------
 
-    async def serve(self) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
         """Bootstrap, refresh, republish and prune, for the node's lifetime.
 
         The node bootstraps at start; while its table is empty, after growing
@@ -586,6 +599,7 @@ class DHTService:
         seen_version = -1  # the table's version at the last bootstrap
         next_bootstrap = trio.current_time()
         connected = False  # a connection opened while the table was empty
+        task_status.started()
         while True:
             now = trio.current_time()
             server = self.server_mode

@@ -18,6 +18,7 @@ from ._messages import DialBackRequest as DialBackRequest
 from ._messages import DialBackResponse as DialBackResponse
 from ._messages import DialBackResult as DialBackResult
 from ._service import NatService as NatService
+from ._service import NatStatistics as NatStatistics
 from ._state import Reachability as Reachability
 from ._state import ReachabilityTracker as ReachabilityTracker
 from .config import ReachabilityConfig as ReachabilityConfig

@@ -2,25 +2,41 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable
 
 import trio
 from libp2p.peer.id import ID
 
 from ..errors import P2PDLError, ProtocolNotSupportedError, RequestError
-from ..net import Host, parse_multiaddr
-from ..wire import Message, RequestContext, RpcProtocol
+from ..net import parse_multiaddr
+from ..service import Reachability, RpcEndpoint, ServiceContext, Statistics
+from ..wire import Message, RequestContext
 from ._messages import DIALBACK, DialBackRequest, DialBackResponse, DialBackResult
-from ._state import Reachability, ReachabilityTracker
+from ._state import ReachabilityTracker
 from .config import ReachabilityConfig
 
-__all__ = ["NatService"]
+__all__ = ["NatService", "NatStatistics"]
 
 logger = logging.getLogger(__name__)
 
-Call = Callable[[ID, RpcProtocol, Message, float], Awaitable[Message]]
+
+@dataclasses.dataclass(frozen=True)
+class NatStatistics(Statistics):
+    """What ``NatService.statistics()`` says: the verdict and the dial-back traffic."""
+
+    reachability: str
+    client_mode: bool
+    probes_sent: int = 0
+    probes_failed: int = 0
+    requests_answered: int = 0
+    requests_refused: int = 0
+
+
+#: The counters of :class:`NatStatistics`.
+COUNTERS = NatStatistics.counter_names()
 
 #: A peer that does not speak the dial-back protocol is not asked again for this long (s).
 NON_PROBER_RETRY = 600.0
@@ -37,10 +53,12 @@ class NatService:
     ``server_concurrency`` at once and once per ``server_min_interval`` per peer.
     """
 
-    def __init__(self, host: Host, call: Call, config: ReachabilityConfig) -> None:
-        self._host = host
-        self._call = call
-        self._config = config
+    def __init__(self, context: ServiceContext, config: ReachabilityConfig | None = None
+                 ) -> None:
+        self._host = context.host
+        self._call = context.call
+        self._config = config = config or ReachabilityConfig()
+        self._counters: collections.Counter[str] = collections.Counter()
         self._tracker = ReachabilityTracker(config)
         self._status = Reachability.UNKNOWN
         self._changed = trio.Event()
@@ -64,12 +82,22 @@ class NatService:
     async def wait_changed(self) -> None:
         await self._changed.wait()
 
+    def endpoints(self) -> list[RpcEndpoint]:
+        """The dial-back protocol (served to everyone: it is not run-scoped)."""
+        return [RpcEndpoint(DIALBACK, self.handle)]
+
+    def statistics(self) -> NatStatistics:
+        return NatStatistics(self._status.value, self.client_mode,
+                             **{name: self._counters[name] for name in COUNTERS})
+
     # -- client side ------------------------------------------------------------------
 
-    async def serve(self) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
         """Probe, update, wait; for the node's lifetime."""
+        task_status.started()
         if not self._config.enabled:
-            return
+            await trio.sleep_forever()
         while True:
             await self._probe_once()
             if self._status is Reachability.UNKNOWN and self._tracker.has_unasked(
@@ -108,6 +136,7 @@ class NatService:
     async def _ask(self, prober: ID) -> None:
         addrs = list(self._tracker.addresses)[: self._config.max_addrs]
         timeout = self._config.probe_timeout * 2 + 5
+        self._counters["probes_sent"] += 1
         try:
             response = await self._call(prober, DIALBACK, DialBackRequest(addrs), timeout)
         except ProtocolNotSupportedError:
@@ -115,6 +144,7 @@ class NatService:
             return
         except P2PDLError as exc:  # busy, rate-limited, gone: ask someone else later
             logger.debug("dial-back request to %s failed: %s", prober, exc)
+            self._counters["probes_failed"] += 1
             self._tracker.record(str(prober), "", False, trio.current_time())
             return
         assert isinstance(response, DialBackResponse)
@@ -139,6 +169,7 @@ class NatService:
         now = trio.current_time()
         last = self._last_request.get(ctx.peer_id)
         if last is not None and now - last < self._config.server_min_interval:
+            self._counters["requests_refused"] += 1
             raise RequestError("unavailable", "too many dial-back requests; try later")
         self._last_request[ctx.peer_id] = now
         for peer, at in list(self._last_request.items()):  # bounded by recent requesters
@@ -147,8 +178,10 @@ class NatService:
         try:
             self._server_slots.acquire_nowait()
         except trio.WouldBlock:
+            self._counters["requests_refused"] += 1
             raise RequestError("unavailable", "busy dialling other peers back") from None
         try:
+            self._counters["requests_answered"] += 1
             return DialBackResponse(await self._dial_back(ctx.peer_id, request.addrs))
         finally:
             self._server_slots.release()

@@ -3,19 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 
+from ..service import Reachability
 from .config import ReachabilityConfig
 
 __all__ = ["Reachability", "ReachabilityTracker"]
-
-
-class Reachability(enum.Enum):
-    """Whether other peers can open connections to this node."""
-
-    PUBLIC = "public"
-    PRIVATE = "private"
-    UNKNOWN = "unknown"
 
 
 @dataclasses.dataclass

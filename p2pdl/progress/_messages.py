@@ -16,6 +16,7 @@ import msgpack
 from libp2p.crypto.keys import PrivateKey
 from libp2p.peer.id import ID
 
+from ..service import RunId
 from ..wire import MaxLen, Message, RpcProtocol
 from .config import (
     MAX_ADDR_LENGTH,
@@ -23,7 +24,6 @@ from .config import (
     MAX_DIGEST,
     MAX_PEER_ID_SIZE,
     MAX_REPORTS,
-    MAX_RUN_ID_LENGTH,
     MAX_SIGNATURE_SIZE,
 )
 
@@ -36,7 +36,6 @@ PROGRESS_PROTOCOL_ID = "/p2pdl/progress/1.0.0"
 PROTOCOL_ID = PROGRESS_PROTOCOL_ID
 SIGNATURE_DOMAIN = "p2pdl/progress/report/1"
 
-RunId = Annotated[str, MaxLen(MAX_RUN_ID_LENGTH)]
 PeerBytes = Annotated[bytes, MaxLen(MAX_PEER_ID_SIZE)]
 
 

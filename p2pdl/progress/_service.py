@@ -21,13 +21,13 @@ entries have not expired.  The logic is in ``_state`` (sans-IO).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
 
 import trio
 from libp2p.peer.id import ID
@@ -35,7 +35,15 @@ from libp2p.peer.id import ID
 from .._concurrency import open_service_nursery
 from ..dht import DHTService, Schema
 from ..errors import CallTimeoutError, ConfigError, LocalProtocolError, P2PDLError
-from ..net import Host
+from ..service import (
+    ReachabilityView,
+    RpcEndpoint,
+    ServiceContext,
+    Statistics,
+    check_run_id,
+    run_of_request,
+    serve_nothing,
+)
 from ..wire import Message, RequestContext
 from ._messages import (
     PROGRESS_PROTOCOL,
@@ -60,33 +68,58 @@ from .config import (
     MAX_ADDRS,
     MAX_DIGEST,
     MAX_REPORTS,
-    MAX_RUN_ID_LENGTH,
     SNAPSHOT_PREFIX,
     ProgressConfig,
 )
 
-__all__ = ["ProgressService", "ProgressTracker", "SNAPSHOT_SCHEMA", "TRACKER_COUNTERS"]
+__all__ = ["ProgressService", "ProgressTracker", "SNAPSHOT_SCHEMA", "TRACKER_COUNTERS",
+           "ProgressStatistics", "TrackerStatistics"]
 
 logger = logging.getLogger(__name__)
 
 #: Built into every node: snapshot records hold one signed subkey per peer.
 SNAPSHOT_SCHEMA = Schema(SNAPSHOT_PREFIX, SnapshotEntry, dictionary=True, signed_subkeys=True)
 
-#: The counters of :meth:`ProgressTracker.statistics` (all present, from 0).
-TRACKER_COUNTERS = ("reports_published", "reports_received", "reports_accepted",
-                    "reports_stale", "dropped_bad_signature", "dropped_absurd",
-                    "dropped_wrong_run", "dropped_full", "pushes_sent", "pushes_failed",
-                    "syncs", "snapshots_stored", "snapshots_failed", "snapshot_fetches")
 
-Call = Callable[..., Awaitable[Message]]
+
+@dataclasses.dataclass(frozen=True)
+class ProgressStatistics(Statistics):
+    """What ``ProgressService.statistics()`` says: the ``runs`` tracked and the
+    reports dropped because this node tracks no run of theirs."""
+
+    runs: list[str]
+    reports_unknown_run: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackerStatistics(Statistics):
+    """What ``ProgressTracker.statistics()`` says: the view's size and counters
+    (every one present, from 0)."""
+
+    run_id: str
+    peers: int
+    members: int
+    reports_published: int = 0
+    reports_received: int = 0
+    reports_accepted: int = 0
+    reports_stale: int = 0
+    dropped_bad_signature: int = 0
+    dropped_absurd: int = 0
+    dropped_wrong_run: int = 0
+    dropped_full: int = 0
+    pushes_sent: int = 0
+    pushes_failed: int = 0
+    syncs: int = 0
+    snapshots_stored: int = 0
+    snapshots_failed: int = 0
+    snapshot_fetches: int = 0
+
+
+#: The counters of :meth:`ProgressTracker.statistics` (all present, from 0).
+TRACKER_COUNTERS = TrackerStatistics.counter_names()
 
 #: Longest rest of a member whose pushes keep failing (s); see max_push_failures.
 MAX_PUSH_BACKOFF = 60.0
-
-
-class _Reachability(Protocol):
-    @property
-    def client_mode(self) -> bool: ...
 
 
 def _peer_report(report: Report) -> PeerReport:
@@ -98,10 +131,10 @@ def _peer_report(report: Report) -> PeerReport:
 class ProgressService:
     """Answers progress pushes and holds this node's trackers (``node.progress``)."""
 
-    def __init__(self, host: Host, call: Call, dht: DHTService, reachability: _Reachability,
-                 config: ProgressConfig | None = None) -> None:
-        self._host = host
-        self._call = call
+    def __init__(self, context: ServiceContext, config: ProgressConfig | None = None, *,
+                 dht: DHTService, reachability: ReachabilityView) -> None:
+        self._host = context.host
+        self._call = context.call
         self._dht = dht
         self._reachability = reachability
         self.config = config or ProgressConfig()
@@ -109,9 +142,18 @@ class ProgressService:
         self._unknown_run = 0
         dht.register_schema(SNAPSHOT_SCHEMA)
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> ProgressStatistics:
         """``runs`` tracked and ``reports_unknown_run`` (dropped: no tracker for their run)."""
-        return {"runs": sorted(self._trackers), "reports_unknown_run": self._unknown_run}
+        return ProgressStatistics(sorted(self._trackers), self._unknown_run)
+
+    def endpoints(self) -> list[RpcEndpoint]:
+        """``/p2pdl/progress/1.0.0``: run-scoped, each push names its run."""
+        return [RpcEndpoint(PROGRESS_PROTOCOL, self.handle, run_id_of=run_of_request)]
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """No background work of its own: each tracker runs its tasks in its block."""
+        await serve_nothing(task_status)
 
     def tracker(self, run_id: str) -> ProgressTracker | None:
         return self._trackers.get(run_id)
@@ -140,9 +182,7 @@ class ProgressService:
         Raises :class:`ConfigError` for a bad run id or target, or when the
         node already tracks ``max_runs`` runs or this one.
         """
-        if not isinstance(run_id, str) or not run_id or len(run_id) > MAX_RUN_ID_LENGTH:
-            raise ConfigError(f"run_id must be a non-empty string of at most "
-                              f"{MAX_RUN_ID_LENGTH} characters, got {run_id!r}")
+        check_run_id(run_id)
         if isinstance(target_batch_size, bool) or not isinstance(target_batch_size, int) \
                 or target_batch_size < 1:
             raise ConfigError(f"target_batch_size must be a positive integer, "
@@ -319,10 +359,10 @@ class ProgressTracker:
             with trio.move_on_after(max(wait, 0.001)):
                 await self._changed.wait()
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> TrackerStatistics:
         """Counters (every one present, from 0) and the view's size."""
-        return {"run_id": self.run_id, "peers": len(self._view), "members": len(self._members()),
-                **self._counters}
+        return TrackerStatistics(self.run_id, len(self._view), len(self._members()),
+                                 **self._counters)
 
     # -- receiving --------------------------------------------------------------
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from .. import service
 from ..errors import ConfigError
 
 #: Hard limits of the wire protocol, whatever a node's configuration says.
-MAX_RUN_ID_LENGTH = 128        # characters of a run id
+MAX_RUN_ID_LENGTH = service.MAX_RUN_ID_BYTES  # bytes of a run id (UTF-8), 1 at least
 MAX_PEER_ID_SIZE = 64          # bytes of a peer id in a report
 MAX_SIGNATURE_SIZE = 128       # bytes of a report's signature (ed25519 uses 64)
 MAX_REPORTS = 64               # reports in one message

@@ -18,5 +18,6 @@ from ._messages import STATESYNC_PROTOCOL as STATESYNC_PROTOCOL
 from ._messages import STATESYNC_PROTOCOL_ID as STATESYNC_PROTOCOL_ID
 from ._service import StateDownload as StateDownload
 from ._service import StateSyncService as StateSyncService
+from ._service import StateSyncStatistics as StateSyncStatistics
 from ._state import Manifest as Manifest
 from .config import StateSyncConfig as StateSyncConfig

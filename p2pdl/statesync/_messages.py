@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from ..service import RunId
 from ..wire import MaxLen, Message, Range, RpcProtocol
 from ._state import Manifest
 from .config import (
@@ -22,7 +23,6 @@ from .config import (
     MAX_CODE_LENGTH,
     MAX_DETAIL_LENGTH,
     MAX_EPOCH,
-    MAX_RUN_ID_LENGTH,
 )
 
 __all__ = ["STATESYNC_PROTOCOL_ID", "STATESYNC_PROTOCOL", "REFUSAL_CODES", "GetManifest",
@@ -40,7 +40,6 @@ REFUSAL_CODES = {
     "busy": "the donor serves max_concurrent_uploads chunks already; ask later or elsewhere",
 }
 
-RunId = Annotated[str, MaxLen(MAX_RUN_ID_LENGTH)]
 Digest = Annotated[bytes, MaxLen(DIGEST_SIZE)]
 
 

@@ -26,8 +26,7 @@ import dataclasses
 import logging
 import math
 import threading
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 import trio
 from libp2p.peer.id import ID
@@ -41,10 +40,16 @@ from ..errors import (
     RemoteProtocolError,
     StateSyncError,
 )
-from ..net import Host
-from ..net._addrs import PeerIDLike, parse_peer_id
-from ..wire import FramedStream, Message, RequestContext, WireConfig
-from ..wire._rpc import serve_rpc_stream
+from ..net import PeerIDLike, parse_peer_id
+from ..service import (
+    RpcEndpoint,
+    ServiceContext,
+    Statistics,
+    check_run_id,
+    run_of_request,
+    serve_nothing,
+)
+from ..wire import FramedStream, Message, RequestContext, RpcHandler, serve_rpc_stream
 from ._messages import (
     STATESYNC_PROTOCOL,
     ChunkReply,
@@ -61,26 +66,51 @@ from ._state import (
     PartialStore,
     Snapshot,
     SnapshotTable,
-    check_run_id,
     choose_manifest,
 )
 from .config import DIGEST_SIZE, MAX_EPOCH, StateSyncConfig
 
-__all__ = ["StateSyncService", "StateDownload", "STATESYNC_COUNTERS"]
+__all__ = ["StateSyncService", "StateSyncStatistics", "StateDownload", "STATESYNC_COUNTERS"]
 
 logger = logging.getLogger(__name__)
 
-Call = Callable[..., Awaitable[Message]]
+@dataclasses.dataclass(frozen=True)
+class StateSyncStatistics(Statistics):
+    """What ``StateSyncService.statistics()`` says: the runs shared, the unfinished
+    downloads kept, the uploads in flight, and counters (every one present, from 0)."""
 
-#: The counters of :meth:`StateSyncService.statistics` (all present, from 0).
-STATESYNC_COUNTERS = (
-    # donor
-    "shared", "unshared", "snapshots_dropped", "manifests_served", "chunks_served",
-    "bytes_served", "busy_refusals", "refusals",
-    # fetcher
-    "fetches", "fetches_completed", "fetches_failed", "manifest_requests", "bad_manifests",
-    "chunks_fetched", "bytes_fetched", "chunk_failures", "bad_chunks", "busy_answers",
-    "gone_answers", "resumed_chunks", "donors_dropped")
+    runs: list[str]
+    partial_downloads: int
+    partial_bytes: int
+    fetching: list[str]
+    uploads_in_flight: int
+    # the donor
+    shared: int = 0
+    unshared: int = 0
+    snapshots_dropped: int = 0
+    manifests_served: int = 0
+    chunks_served: int = 0
+    bytes_served: int = 0
+    busy_refusals: int = 0
+    refusals: int = 0
+    # the fetcher
+    fetches: int = 0
+    fetches_completed: int = 0
+    fetches_failed: int = 0
+    manifest_requests: int = 0
+    bad_manifests: int = 0
+    chunks_fetched: int = 0
+    bytes_fetched: int = 0
+    chunk_failures: int = 0
+    bad_chunks: int = 0
+    busy_answers: int = 0
+    gone_answers: int = 0
+    resumed_chunks: int = 0
+    donors_dropped: int = 0
+
+
+#: The counters of :meth:`StateSyncService.statistics`.
+STATESYNC_COUNTERS = StateSyncStatistics.counter_names()
 
 #: Payloads larger than this are joined and hashed in a worker thread: hashing
 #: gigabytes on the trio thread would stall every protocol of the node for
@@ -124,8 +154,9 @@ class _Wakeup:
 class StateSyncService:
     """Shares this node's training state and downloads others' (``node.state_sync``)."""
 
-    def __init__(self, host: Host, call: Call, wire: WireConfig,
-                 config: StateSyncConfig | None = None) -> None:
+    def __init__(self, context: ServiceContext, config: StateSyncConfig | None = None
+                 ) -> None:
+        host, call, wire = context.host, context.call, context.wire
         self.config = config or StateSyncConfig()
         need = max(self.config.manifest_message_bound(), self.config.chunk_message_bound())
         if need > wire.max_message_size:
@@ -197,14 +228,19 @@ class StateSyncService:
             snapshot = self._table.newest(run_id)
         return None if snapshot is None else snapshot.manifest.epoch
 
-    async def serve_stream(self, stream: FramedStream) -> None:
-        """Answer state-sync requests arriving on ``stream`` (one per fetcher's channel)."""
+    async def _answer_request(self, ctx: RequestContext, request: Message) -> Message:
+        return self._answer(ctx, request)
+
+    async def _serve_stream(self, stream: FramedStream, handler: RpcHandler) -> None:
+        """Answer state-sync requests arriving on ``stream`` (one per fetcher's
+        channel) with ``handler`` (the node's gated one), counting the replies
+        handed to the wire."""
         self._streams[stream] = 0
 
         async def handle(ctx: RequestContext, request: Message) -> Message:
             replied = True
             try:
-                return self._answer(ctx, request)
+                return await handler(ctx, request)
             except RemoteProtocolError:
                 replied = False  # the stream is reset: no reply is written
                 raise
@@ -497,15 +533,27 @@ class StateSyncService:
             return assemble()
         return await trio.to_thread.run_sync(assemble)
 
-    def statistics(self) -> dict[str, Any]:
-        """Counters (every one of STATESYNC_COUNTERS, from 0), the runs shared, the
-        unfinished downloads kept and the uploads in flight."""
+    def statistics(self) -> StateSyncStatistics:
+        """The runs shared, the unfinished downloads kept, the uploads in flight, and
+        counters: :class:`StateSyncStatistics`."""
         with self._lock:
             counters = dict(self._counters)
             runs = self._table.runs()
-        return {"runs": runs, "partial_downloads": len(self._partials),
-                "partial_bytes": self._partials.nbytes, "fetching": sorted(self._fetching),
-                "uploads_in_flight": self.uploads_in_flight(), **counters}
+        return StateSyncStatistics(runs, len(self._partials), self._partials.nbytes,
+                                   sorted(self._fetching), self.uploads_in_flight(),
+                                   **counters)
+
+    def endpoints(self) -> list[RpcEndpoint]:
+        """``/p2pdl/statesync/1.0.0``: run-scoped, each request names its run; served
+        through this service's own stream loop, which sees the replies each
+        stream still has to write (``max_concurrent_uploads``)."""
+        return [RpcEndpoint(STATESYNC_PROTOCOL, self._answer_request, run_id_of=run_of_request,
+                            serve_stream=self._serve_stream)]
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """No background work: fetches run in the caller's task."""
+        await serve_nothing(task_status)
 
 
 #: What a fetcher does with each refusal code (an unknown code: a failed request).

@@ -35,12 +35,11 @@ from .config import (
     MAX_CHUNK_SIZE,
     MAX_CHUNKS,
     MAX_EPOCH,
-    MAX_RUN_ID_LENGTH,
     MIN_CHUNK_SIZE,
     StateSyncConfig,
 )
 
-__all__ = ["Manifest", "chunk_count", "check_run_id", "choose_manifest", "Snapshot",
+__all__ = ["Manifest", "chunk_count", "choose_manifest", "Snapshot",
            "SnapshotTable", "PartialDownload", "PartialStore", "Failure", "ChunkPlan",
            "MAX_BUSY_BACKOFF"]
 
@@ -53,14 +52,6 @@ D = TypeVar("D", bound=Hashable)
 def chunk_count(size: int, chunk_size: int) -> int:
     """Chunks of a payload of ``size`` bytes (``ceil(size / chunk_size)``)."""
     return -(-size // chunk_size)
-
-
-def check_run_id(run_id: object) -> str:
-    """``run_id`` if it is a valid run id, else :class:`ConfigError`."""
-    if not isinstance(run_id, str) or not run_id or len(run_id) > MAX_RUN_ID_LENGTH:
-        raise ConfigError(f"run_id must be a non-empty string of at most {MAX_RUN_ID_LENGTH} "
-                          f"characters, got {run_id!r}")
-    return run_id
 
 
 @dataclasses.dataclass(frozen=True)

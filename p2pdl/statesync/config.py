@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from .. import service
 from ..errors import ConfigError
 
 KiB = 1024
@@ -12,7 +13,7 @@ MiB = 1024 * KiB
 GiB = 1024 * MiB
 
 #: Hard limits of the wire protocol, whatever a node's configuration says.
-MAX_RUN_ID_LENGTH = 128        # characters of a run id, 1 at least
+MAX_RUN_ID_LENGTH = service.MAX_RUN_ID_BYTES  # bytes of a run id (UTF-8), 1 at least
 MAX_EPOCH = 2**53              # largest epoch (exact in a float64, like progress reports)
 DIGEST_SIZE = 32               # bytes of a SHA-256 digest (payload and chunks)
 MIN_CHUNK_SIZE = 4 * KiB       # bytes of one chunk, at least (the last one may be shorter)

@@ -88,7 +88,7 @@ async def _get(node: TrioNode, command: dict[str, Any]) -> dict[str, Any]:
 
 def _status(nodes: list[TrioNode]) -> list[dict[str, Any]]:
     return [{"peer_id": str(n.peer_id), "addrs": n.addrs, "reachability": n.reachability.value,
-             "dht": n.dht.statistics()} for n in nodes]
+             "dht": n.dht.statistics().as_dict()} for n in nodes]
 
 
 async def _execute(nodes: list[TrioNode], command: dict[str, Any]) -> Any:

@@ -21,6 +21,7 @@ from ..statesync import StateSyncService as StateSyncService
 from ._example import ExampleConfig as ExampleConfig
 from ._example import ExampleTask as ExampleTask
 from ._example import TinyTransformerLM as TinyTransformerLM
+from ._example import count_parameters as count_parameters
 from ._optimizer import Optimizer as Optimizer
 from ._optimizer import RoundInfo as RoundInfo
 from .config import OptimizerConfig as OptimizerConfig

@@ -130,7 +130,8 @@ class Optimizer:
                 raise ConfigError(f"unknown Optimizer option(s): {', '.join(unknown)} "
                                   f"(known: {', '.join(sorted(known))})")
             config = dataclasses.replace(config, **config_fields)
-        if not all(hasattr(node, name) for name in ("_submit", "progress", "state_sync")):
+        if not all(hasattr(node, name) for name in ("averaging", "progress", "state_sync")) \
+                or not hasattr(node.averaging, "start_round"):
             raise ConfigError("node must be a running p2pdl.Node (the sync node); trio "
                               "programs run the training loop in a thread with a p2pdl.Node")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -337,16 +338,11 @@ class Optimizer:
         for name in ("matchmaking_time", "target_group_size", "bandwidth", "reduce_rate"):
             if getattr(config, name) is not None:
                 options[name] = getattr(config, name)
-        run_id = self.run_id
-
-        async def run_round(trio_node: Any) -> AllReduceResult:
-            group = await trio_node.matchmaking.form_group(run_id, epoch, **options)
-            if grouped is not None:
-                grouped.set()
-            return await trio_node.averaging.all_reduce(group, vector, weight=float(samples),
-                                                        config=config.allreduce, inplace=True)
-
-        return self.node._submit(run_round)
+        if grouped is not None:
+            options["on_group"] = lambda group: grouped.set()
+        return self.node.averaging.start_round(self.run_id, epoch, vector, weight=float(samples),
+                                               config=config.allreduce, inplace=True,
+                                               **options)
 
     def _round_limit(self) -> float:
         node_config = self.node.config

@@ -9,7 +9,9 @@ Every p2pdl protocol speaks this framing (protocols/wire.md).  Modules:
 * ``_tensor`` -- tensor frame headers and chunking (sans-IO).
 * ``_flow`` -- credit accounting (sans-IO).
 * ``_stream`` -- :class:`FramedStream`, the trio service over a libp2p stream.
-* ``_rpc`` -- request/response: :class:`RpcProtocol`, :class:`RpcClient`.
+* ``_protocol`` -- request/response protocol definitions (sans-IO):
+  :class:`RpcProtocol`, :class:`RequestContext`, the error codes.
+* ``_rpc`` -- request/response on trio: :class:`RpcClient`, the serving loop.
 * ``_ping`` -- the ping protocol every node serves.
 """
 
@@ -28,10 +30,13 @@ from ._ping import PING as PING
 from ._ping import PING_PROTOCOL_ID as PING_PROTOCOL_ID
 from ._ping import PingRequest as PingRequest
 from ._ping import PingResponse as PingResponse
-from ._rpc import ERROR_CODES as ERROR_CODES
-from ._rpc import RequestContext as RequestContext
+from ._ping import answer_ping as answer_ping
+from ._protocol import ERROR_CODES as ERROR_CODES
+from ._protocol import RequestContext as RequestContext
+from ._protocol import RpcHandler as RpcHandler
+from ._protocol import RpcProtocol as RpcProtocol
 from ._rpc import RpcClient as RpcClient
-from ._rpc import RpcProtocol as RpcProtocol
+from ._rpc import serve_rpc_stream as serve_rpc_stream
 from ._stream import FramedStream as FramedStream
 from ._stream import StreamStatistics as StreamStatistics
 from ._stream import open_framed_stream as open_framed_stream

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from ._messages import MaxLen, Message, Range
-from ._rpc import RequestContext, RpcProtocol
+from ._protocol import RequestContext, RpcProtocol
 
 PING_PROTOCOL_ID = "/p2pdl/ping/1.0.0"
 MAX_PING_PAYLOAD = 1024

@@ -10,10 +10,9 @@ control holds the caller back.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 
 import trio
 from libp2p.abc import INetStream
@@ -33,7 +32,8 @@ from ..errors import (
 from ..net import Host
 from ..net._addrs import PeerIDLike, parse_peer_id
 from ._frames import Frame
-from ._messages import ErrorReply, Message, MessageSet
+from ._messages import ErrorReply, Message
+from ._protocol import ERROR_CODES, RequestContext, RpcHandler, RpcProtocol
 from ._stream import FramedStream, decode_frame, open_framed_stream
 from ._tensor import TensorChunk
 from .config import WireConfig
@@ -41,42 +41,6 @@ from .config import WireConfig
 __all__ = ["RpcProtocol", "RequestContext", "RpcClient", "serve_rpc_stream", "ERROR_CODES"]
 
 logger = logging.getLogger(__name__)
-
-#: Error codes of :class:`ErrorReply` defined by the wire (protocols/wire.md).
-ERROR_CODES = {
-    "bad_request": "the request was well-formed but its content is invalid",
-    "unavailable": "the peer cannot serve this request now",
-    "timeout": "the handler did not finish within its time limit",
-    "internal": "the handler failed unexpectedly",
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class RpcProtocol:
-    """A request/response protocol: its id and the message types of each direction."""
-
-    protocol_id: str
-    requests: MessageSet
-    responses: MessageSet
-
-    @classmethod
-    def define(cls, protocol_id: str, requests: Iterable[type[Message]],
-               responses: Iterable[type[Message]]) -> RpcProtocol:
-        if not protocol_id.startswith("/"):
-            raise ValueError(f"protocol id {protocol_id!r} must start with '/'")
-        return cls(protocol_id, MessageSet(*requests), MessageSet(*responses, ErrorReply))
-
-
-@dataclasses.dataclass(frozen=True)
-class RequestContext:
-    """What a handler knows about the request besides the message itself."""
-
-    peer_id: ID
-    protocol_id: str
-    request_id: int
-
-
-RpcHandler = Callable[[RequestContext, Message], Awaitable[Message]]
 
 
 async def serve_rpc_stream(stream: FramedStream, protocol: RpcProtocol, handler: RpcHandler,

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pdl.errors import ConfigError, RemoteProtocolError
+from p2pdl.service import check_run_id
 from p2pdl.statesync._messages import (
     STATESYNC_PROTOCOL,
     ChunkReply,
@@ -27,7 +28,6 @@ from p2pdl.statesync._state import (
     PartialStore,
     Snapshot,
     SnapshotTable,
-    check_run_id,
     choose_manifest,
     chunk_count,
 )

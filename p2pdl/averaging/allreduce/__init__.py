@@ -18,6 +18,7 @@ Modules:
 from ._messages import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
 from ._messages import PROTOCOL_ID as PROTOCOL_ID
 from ._service import AllReduceService as AllReduceService
+from ._service import AllReduceStatistics as AllReduceStatistics
 from ._state import AllReduceResult as AllReduceResult
 from ._state import Contribution as Contribution
 from ._state import Layout as Layout

@@ -45,6 +45,7 @@ REJECT_CODES = {
     "excluded": "the sender was excluded (it was later than sender_timeout, or broke the "
                 "protocol)",
     "busy": "the reducer holds as many waiting streams as it may",
+    "not_admitted": "the reducer's admission gate refused the sender for this group's run",
 }
 
 

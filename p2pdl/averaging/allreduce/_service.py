@@ -22,6 +22,7 @@ stream handler tasks and are cancelled when the call ends.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
 from collections.abc import Sequence
@@ -37,7 +38,8 @@ from ...errors import (
     RemoteProtocolError,
     StreamClosedError,
 )
-from ...wire import FramedStream, TensorChunk, WireConfig, open_framed_stream
+from ...service import Opened, Refusal, ServiceContext, Statistics, StreamEndpoint, serve_nothing
+from ...wire import FramedStream, TensorChunk, open_framed_stream
 from .._balancing import round_time
 from ..matchmaking.config import MAX_DETAIL_LENGTH
 from ._messages import (
@@ -65,10 +67,9 @@ from .config import AllReduceConfig
 if TYPE_CHECKING:
     import torch
 
-    from ...net import Host
     from ..matchmaking import Group
 
-__all__ = ["AllReduceService", "MAX_RECENT_GROUPS"]
+__all__ = ["AllReduceService", "AllReduceStatistics", "MAX_RECENT_GROUPS"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,9 +79,27 @@ MAX_RECENT_GROUPS = 64
 #: How long a reducer waits, after ``ar.done``, for the sender to end the stream (s).
 DONE_LINGER = 2.0
 
+
+
+@dataclasses.dataclass(frozen=True)
+class AllReduceStatistics(Statistics):
+    """What ``AllReduceService.statistics()`` says: counters (every one present,
+    from 0), the calls running (``active``) and the streams waiting for theirs."""
+
+    active: int
+    waiting: int
+    rounds: int = 0
+    completed: int = 0
+    incomplete: int = 0
+    parts_failed: int = 0
+    senders_excluded: int = 0
+    senders_failed: int = 0
+    streams_rejected: int = 0
+    protocol_errors: int = 0
+
+
 #: The counters of :meth:`AllReduceService.statistics`.
-COUNTERS = ("rounds", "completed", "incomplete", "parts_failed", "senders_excluded",
-            "senders_failed", "streams_rejected", "protocol_errors")
+COUNTERS = AllReduceStatistics.counter_names()
 
 
 class _Session:
@@ -135,10 +154,9 @@ class _Session:
 class AllReduceService:
     """Butterfly all-reduce for groups from matchmaking (``node.averaging``)."""
 
-    def __init__(self, host: Host, wire: WireConfig,
-                 config: AllReduceConfig | None = None) -> None:
-        self._host = host
-        self._wire = wire
+    def __init__(self, context: ServiceContext, config: AllReduceConfig | None = None) -> None:
+        self._host = context.host
+        self._wire = context.wire
         self._config = config or AllReduceConfig()
         self._sessions: dict[bytes, _Session] = {}
         self._recent: collections.OrderedDict[bytes, None] = collections.OrderedDict()
@@ -151,8 +169,18 @@ class AllReduceService:
     def config(self) -> AllReduceConfig:
         return self._config
 
-    def statistics(self) -> dict[str, Any]:
-        return {**self._counters, "active": len(self._sessions), "waiting": self._waiting}
+    def statistics(self) -> AllReduceStatistics:
+        return AllReduceStatistics(len(self._sessions), self._waiting, **self._counters)
+
+    def endpoints(self) -> list[StreamEndpoint]:
+        """``/p2pdl/allreduce/1.0.0``: run-scoped, the run of the stream's group."""
+        return [StreamEndpoint(ALLREDUCE_PROTOCOL_ID, self._open, self._handle_admitted,
+                               self._refuse)]
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """No background work: a round runs in the caller's task, streams in theirs."""
+        await serve_nothing(task_status)
 
     # -- the call ---------------------------------------------------------
 
@@ -339,8 +367,9 @@ class AllReduceService:
                             reducer.senders[sender].reason)
             session.finalize()
 
-    async def handle(self, stream: FramedStream) -> None:
-        """An incoming stream: a sender of some group's all-reduce."""
+    async def _open(self, stream: FramedStream) -> Opened | None:
+        """An incoming stream: its ``ar.begin`` and the session of its group,
+        waited for up to ``join_wait``; its run is the group's."""
         try:
             with trio.move_on_after(self._config.join_wait) as scope:
                 item = await stream.receive(SENDER_MESSAGES)
@@ -349,16 +378,36 @@ class AllReduceService:
             _, begin = item
             assert isinstance(begin, Begin)
             session = await self._find_session(begin.group_id, stream.peer_id)
+            return Opened(session.group.run_id, (session, begin))
+        except (RejectError, P2PDLError) as exc:
+            await self._failed(stream, exc)
+            return None
+
+    async def _handle_admitted(self, stream: FramedStream, opened: tuple[_Session, Begin]
+                               ) -> None:
+        """A sender of some group's all-reduce, admitted by the node's gate."""
+        session, begin = opened
+        try:
             await self._serve(stream, session, begin)
-        except RejectError as exc:
+        except (RejectError, P2PDLError) as exc:
+            await self._failed(stream, exc)
+
+    async def _refuse(self, stream: FramedStream, refusal: Refusal) -> None:
+        await self._failed(stream, RejectError(refusal.code, refusal.reason))
+
+    async def _failed(self, stream: FramedStream, exc: BaseException) -> None:
+        if isinstance(exc, RejectError):
             self._counters["streams_rejected"] += 1
             logger.debug("all-reduce: refused a stream from %s: %s", stream.peer_id, exc)
-            await stream.send_message(Reject(exc.code, exc.detail[:MAX_DETAIL_LENGTH]))
-        except RemoteProtocolError as exc:
+            try:
+                await stream.send_message(Reject(exc.code, exc.detail[:MAX_DETAIL_LENGTH]))
+            except P2PDLError:
+                pass  # the sender went away; nothing to tell it
+        elif isinstance(exc, RemoteProtocolError):
             self._counters["protocol_errors"] += 1
             logger.info("all-reduce: protocol error from %s: %s", stream.peer_id, exc)
             await stream.reset()
-        except P2PDLError as exc:  # the stream broke, or a send found no credit
+        else:  # the stream broke, or a send found no credit
             logger.debug("all-reduce: stream from %s ended: %s", stream.peer_id, exc)
 
     async def _find_session(self, group_id: bytes, peer: Any) -> _Session:

@@ -54,7 +54,7 @@ class Join(Message, tag="mm.join"):
     plan (a client-mode peer cannot be auxiliary).
     """
 
-    run_id: Annotated[str, MaxLen(MAX_RUN_ID_LENGTH)]
+    run_id: Annotated[str, MaxLen(MAX_RUN_ID_LENGTH)]  # the same bound as service.RunId
     epoch: Annotated[int, Range(0, MAX_EPOCH)]
     target_group_size: Annotated[int, Range(1, MAX_GROUP_SIZE)]
     client_mode: bool

@@ -24,10 +24,10 @@ wait in their RPC handler tasks, bounded by the wire's ``handler_timeout``.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import math
-from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 from libp2p.peer.id import ID
@@ -40,8 +40,15 @@ from ...errors import (
     P2PDLError,
     RemoteProtocolError,
 )
-from ...net import Host
-from ...wire import Message, RequestContext, RpcProtocol
+from ...service import (
+    ReachabilityView,
+    RpcEndpoint,
+    ServiceContext,
+    Statistics,
+    run_of_request,
+    serve_nothing,
+)
+from ...wire import Message, RequestContext
 from ._messages import MATCHMAKING_PROTOCOL, REJECT_CODES, Formed, Join, MemberEntry, Rejected
 from ._state import (
     ACCEPTED,
@@ -59,7 +66,7 @@ from ._state import (
 )
 from .config import MAX_DETAIL_LENGTH, MAX_GROUP_SIZE, MAX_MATCHMAKING_TIME, MatchmakingConfig
 
-__all__ = ["MatchmakingService", "round_key", "REPLY_MARGIN", "JOIN_SLACK",
+__all__ = ["MatchmakingService", "MatchmakingStatistics", "round_key", "REPLY_MARGIN", "JOIN_SLACK",
            "MAX_RECENT_ROUNDS", "GATHER_FRACTION", "JOIN_WINDOW_FRACTION"]
 
 logger = logging.getLogger(__name__)
@@ -70,6 +77,8 @@ REPLY_MARGIN = 0.25
 #: A follower waits for a leader's answer at most join_window + gather_time
 #: + this much (s): the leader may have started leading a little later.
 JOIN_SLACK = 1.0
+#: A join request is held at most the wire's handler_timeout minus this (s).
+HOLD_MARGIN = 1.0
 #: Finished rounds a node remembers, to answer late join requests at once.
 MAX_RECENT_ROUNDS = 64
 #: At most this fraction of matchmaking_time is spent gathering.
@@ -77,24 +86,38 @@ GATHER_FRACTION = 0.1
 #: At most this fraction of matchmaking_time is one leader's join window.
 JOIN_WINDOW_FRACTION = 1 / 3
 
+
+
+@dataclasses.dataclass(frozen=True)
+class MatchmakingStatistics(Statistics):
+    """What ``MatchmakingService.statistics()`` says: rounds in progress, held join
+    requests, and counters (every one present, from 0).  ``led`` counts groups
+    formed as leader; ``joins_failed``, join requests with no answer (the leader
+    unreachable, gone or silent); ``bad_answers``, answers that failed the checks."""
+
+    active_rounds: int
+    held_joins: int
+    rounds: int = 0
+    formed: int = 0
+    failed: int = 0
+    led: int = 0
+    joins_sent: int = 0
+    joins_failed: int = 0
+    bad_answers: int = 0
+    joins_received: int = 0
+    joins_accepted: int = 0
+    joins_refused: int = 0
+    view_fetches: int = 0
+
+
 #: The counters of :meth:`MatchmakingService.statistics`.
-COUNTERS = ("rounds", "formed", "failed", "led", "joins_sent", "joins_failed",
-            "bad_answers", "joins_received", "joins_accepted", "joins_refused",
-            "view_fetches")
+COUNTERS = MatchmakingStatistics.counter_names()
 
 
 def round_key(run_id: str, epoch: int) -> str:
     """The DHT group name of a round: ``<run id>/mm/<epoch>`` (key
     ``p2pdl/group/<run id>/mm/<epoch>``)."""
     return f"{run_id}/mm/{epoch}"
-
-
-class _Reachability(Protocol):
-    @property
-    def client_mode(self) -> bool: ...
-
-
-Call = Callable[[ID, RpcProtocol, Message, float], Any]
 
 
 class _Session:
@@ -132,25 +155,23 @@ class MatchmakingService:
     """One node's matchmaking.  The node creates it; reach it as ``node.matchmaking``.
 
     Args:
-        host: the node's host (peer id, connections).
-        call: the node's RPC call function.
+        context: the node's host (peer id, connections), RPC call function and
+            wire limits.  A join request is held at most the wire's
+            ``handler_timeout`` minus HOLD_MARGIN, so that a held request is
+            answered by this service, not cut off by the wire.
+        config: :class:`MatchmakingConfig`.
         dht: the node's DHT service (announce, find_peers).
         reachability: tells whether this node is a client-mode peer.
-        config: :class:`MatchmakingConfig`.
-        max_hold: longest a join request is held, in seconds; the node passes
-            its wire ``handler_timeout`` minus 1 s, so that a held request is
-            answered by this service, not cut off by the wire.
     """
 
-    def __init__(self, host: Host, call: Call, dht: DHTService, reachability: _Reachability,
-                 config: MatchmakingConfig = MatchmakingConfig(), *,
-                 max_hold: float = 59.0) -> None:
-        self._host = host
-        self._call = call
+    def __init__(self, context: ServiceContext, config: MatchmakingConfig | None = None, *,
+                 dht: DHTService, reachability: ReachabilityView) -> None:
+        self._host = context.host
+        self._call = context.call
         self._dht = dht
         self._reachability = reachability
-        self._config = config
-        self._max_hold = max(0.5, max_hold)
+        self._config = config or MatchmakingConfig()
+        self._max_hold = max(0.5, context.wire.handler_timeout - HOLD_MARGIN)
         self._sessions: dict[tuple[str, int], _Session] = {}
         self._recent: collections.OrderedDict[tuple[str, int], str] = collections.OrderedDict()
         self._held = 0
@@ -160,15 +181,19 @@ class MatchmakingService:
     def config(self) -> MatchmakingConfig:
         return self._config
 
-    def statistics(self) -> dict[str, Any]:
-        """Rounds in progress, held join requests, and counters (every one
-        present, from 0): ``rounds``, ``formed``, ``failed``, ``led`` (groups
-        formed as leader), ``joins_sent``, ``joins_failed`` (no answer: the
-        leader unreachable, gone or silent), ``bad_answers`` (answers that
-        failed the checks), ``joins_received``, ``joins_accepted``,
-        ``joins_refused``, ``view_fetches``."""
-        return {"active_rounds": len(self._sessions), "held_joins": self._held,
-                **{name: self._counters[name] for name in COUNTERS}}
+    def statistics(self) -> MatchmakingStatistics:
+        """Rounds in progress, held join requests, and counters: :class:`MatchmakingStatistics`."""
+        return MatchmakingStatistics(len(self._sessions), self._held,
+                                     **{name: self._counters[name] for name in COUNTERS})
+
+    def endpoints(self) -> list[RpcEndpoint]:
+        """``/p2pdl/matchmaking/1.0.0``: run-scoped, each join names its run."""
+        return [RpcEndpoint(MATCHMAKING_PROTOCOL, self.handle, run_id_of=run_of_request)]
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+                    ) -> None:
+        """No background work: a round runs in the caller's task."""
+        await serve_nothing(task_status)
 
     # -- the public operation ------------------------------------------------------
 

@@ -49,8 +49,9 @@ import multihash  # py-libp2p's dependency: checks the structure of peer ids
 from libp2p.peer.id import ID
 
 from ...errors import RemoteProtocolError
+from ...service import run_id_problem
 from .._balancing import PeerCapacity, equal_shares, plan_load
-from .config import MAX_EPOCH, MAX_PEER_ID_SIZE, MAX_RATE, MAX_RUN_ID_LENGTH, MIN_RATE
+from .config import MAX_EPOCH, MAX_PEER_ID_SIZE, MAX_RATE, MIN_RATE
 
 __all__ = ["ORDER_DOMAIN", "GROUP_ID_DOMAIN", "FRACTION_TOLERANCE", "GroupMemberInfo", "Group",
            "PlannedGroup", "Plan", "order_key", "compute_group_id", "plan_groups",
@@ -196,10 +197,9 @@ def check_fractions(members: Sequence[GroupMemberInfo], fractions: Sequence[floa
 
 def check_run(run_id: object, epoch: object) -> str | None:
     """Why ``(run_id, epoch)`` is not a valid round, or None if it is."""
-    if not isinstance(run_id, str) or not run_id:
-        return "run_id must be a non-empty string"
-    if len(run_id.encode()) > MAX_RUN_ID_LENGTH:
-        return f"run_id must have at most {MAX_RUN_ID_LENGTH} bytes of UTF-8"
+    problem = run_id_problem(run_id)
+    if problem is not None:
+        return problem
     if not isinstance(epoch, int) or isinstance(epoch, bool) or not 0 <= epoch <= MAX_EPOCH:
         return f"epoch must be an integer in 0..{MAX_EPOCH}"
     return None

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 
+from ... import service
 from ...errors import ConfigError
 
 #: Hard limits of the wire protocol, whatever a node's configuration says.
-MAX_RUN_ID_LENGTH = 128     # bytes of a run id (UTF-8), 1 at least
+MAX_RUN_ID_LENGTH = service.MAX_RUN_ID_BYTES  # bytes of a run id (UTF-8), 1 at least
 MAX_EPOCH = 2**53           # largest epoch (exact in a float64, like progress reports)
 MAX_GROUP_SIZE = 256        # members of one group; bound of target_group_size
 MAX_PEER_ID_SIZE = 64       # bytes of a peer id on the wire (binary multihash)

@@ -1,0 +1,35 @@
+"""One averaging round: form a group, then average with it.  The Optimizer's unit of work."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from .allreduce import AllReduceConfig, AllReduceResult, AllReduceService
+    from .matchmaking import Group, MatchmakingService
+
+__all__ = ["average_round"]
+
+
+async def average_round(matchmaking: MatchmakingService, averaging: AllReduceService,
+                        run_id: str, epoch: int, tensors: Sequence[torch.Tensor], *,
+                        weight: float, config: AllReduceConfig | None = None,
+                        inplace: bool = False, on_group: Callable[[Group], None] | None = None,
+                        **group_options: Any) -> AllReduceResult:
+    """Form a group for ``epoch`` of ``run_id`` and all-reduce ``tensors`` with it.
+
+    ``group_options`` go to :meth:`MatchmakingService.form_group`
+    (``target_group_size``, ``matchmaking_time``, ``auxiliary``,
+    ``bandwidth``, ``reduce_rate``...); ``weight``, ``config`` and ``inplace``
+    to :meth:`AllReduceService.all_reduce`.  ``on_group(group)`` is called once
+    the group formed, before the all-reduce starts (on the trio thread).  Raises
+    :class:`~p2pdl.errors.MatchmakingFailedError` when no group formed.
+    """
+    group = await matchmaking.form_group(run_id, epoch, **group_options)
+    if on_group is not None:
+        on_group(group)
+    return await averaging.all_reduce(group, tensors, weight=weight, config=config,
+                                      inplace=inplace)
