@@ -1,3 +1,5 @@
+"""``python -m p2pdl``: the ``p2pdl`` command (:mod:`p2pdl.cli`)."""
+
 import sys
 
 from .cli import main

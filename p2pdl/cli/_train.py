@@ -5,7 +5,7 @@
 
 One process is one peer: a sync :class:`~p2pdl.Node` (trio in its thread)
 and a :class:`~p2pdl.Optimizer` over the example model
-(``p2pdl.training._example``), trained by a plain loop in the main thread.
+(:class:`~p2pdl.training.ExampleTask`), trained by a plain loop in the main thread.
 Every peer builds the model from ``ExampleConfig.seed``, so all start from
 the same parameters; each draws its own batches (``--peer-index``).
 
@@ -35,7 +35,18 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import P2PDLError
+from ._args import (
+    add_identity,
+    add_initial_peers,
+    add_listen,
+    non_negative_float,
+    non_negative_int,
+    positive_float,
+    positive_int,
+)
+from ._format import cell, finite
+
+__all__ = ["EVENTS", "add_parser", "derive_peer_index", "run"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,47 +82,7 @@ EVENTS = {
 
 # -- argument parsing --------------------------------------------------------------
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
-
-
-def add_train_parser(sub: argparse._SubParsersAction) -> None:
+def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``p2pdl train`` to the ``p2pdl`` parser's subcommands."""
     p = sub.add_parser(
         "train", help="train the built-in example model (a small byte-level transformer on "
@@ -123,24 +94,20 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-id", default="p2pdl-example",
                    help="the collaboration's name; every peer of a run uses the same "
                         "(default: p2pdl-example)")
-    p.add_argument("--initial-peers", nargs="+", metavar="MULTIADDR", default=[],
-                   help="full addresses (.../p2p/<id>) of peers to join through")
-    p.add_argument("--listen", nargs="+", metavar="MULTIADDR", default=["/ip4/0.0.0.0/tcp/0"],
-                   help="addresses to listen on (default: /ip4/0.0.0.0/tcp/0)")
-    p.add_argument("--identity", metavar="FILE",
-                   help="ed25519 identity file, created (mode 0600) if missing; "
-                        "default: a new identity every run")
+    add_initial_peers(p, "join through")
+    add_listen(p)
+    add_identity(p)
     role = p.add_mutually_exclusive_group()
     role.add_argument("--client-mode", action="store_true",
                       help="never accept connections (a peer behind NAT): send parts, "
                            "reduce none")
     role.add_argument("--auxiliary", action="store_true",
                       help="compute no gradients: only help average (a CPU box with a good link)")
-    p.add_argument("--target-batch-size", type=_positive_int, default=256, metavar="N",
+    p.add_argument("--target-batch-size", type=positive_int, default=256, metavar="N",
                    help="samples the whole swarm processes per global step (default 256)")
-    p.add_argument("--batch-size", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
                    help="samples per local step (default: the example's 16)")
-    p.add_argument("--lr", type=_positive_float, default=1e-3,
+    p.add_argument("--lr", type=positive_float, default=1e-3,
                    help="AdamW learning rate (the inner one with --mode diloco; default 1e-3)")
     p.add_argument("--mode", choices=["dedloc", "diloco"], default="dedloc",
                    help="dedloc: average gradients, one global step per epoch (default); "
@@ -148,45 +115,46 @@ def add_train_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--delay-updates", action="store_true",
                    help="average in the background while the next batches compute; the "
                         "result is applied one step late (dedloc only)")
-    p.add_argument("--matchmaking-time", type=_positive_float, default=None, metavar="SECONDS",
+    p.add_argument("--matchmaking-time", type=positive_float, default=None, metavar="SECONDS",
                    help="longest wait to form an averaging group (default: the node's, 15 s)")
-    p.add_argument("--discovery-time", type=_non_negative_float, default=None, metavar="SECONDS",
+    p.add_argument("--discovery-time", type=non_negative_float, default=None, metavar="SECONDS",
                    help="how long a peer that sees no other keeps accumulating before it steps "
                         "alone (default: the optimizer's, 10 s; 0 for a peer meant to train "
                         "alone)")
-    p.add_argument("--bandwidth", type=_positive_float, default=None, metavar="MBIT_S",
+    p.add_argument("--bandwidth", type=positive_float, default=None, metavar="MBIT_S",
                    help="this peer's bandwidth in Mbit/s, for the load plan (default: unknown)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="write checkpoints here and resume from the newest (default: none)")
-    p.add_argument("--checkpoint-every", type=_positive_int, default=10, metavar="EPOCHS",
+    p.add_argument("--checkpoint-every", type=positive_int, default=10, metavar="EPOCHS",
                    help="epochs between checkpoints (default 10)")
-    p.add_argument("--peer-index", type=_non_negative_int, default=None, metavar="N",
+    p.add_argument("--peer-index", type=non_negative_int, default=None, metavar="N",
                    help="which stream of training batches to draw (default: derived from the "
                         "peer id, so peers differ)")
-    p.add_argument("--max-epochs", type=_positive_int, default=None, metavar="N",
+    p.add_argument("--max-epochs", type=positive_int, default=None, metavar="N",
                    help="stop once the model has taken this many global steps")
-    p.add_argument("--duration", type=_positive_float, default=None, metavar="SECONDS",
+    p.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS",
                    help="stop after training this long (default: until stopped)")
-    p.add_argument("--wait-for-peers", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--wait-for-peers", type=positive_int, default=1, metavar="N",
                    help="before training, wait until N peers (this one included, auxiliary "
                         "ones too) take part in the run, at most --wait-timeout (default 1)")
-    p.add_argument("--wait-timeout", type=_positive_float, default=WAIT_FOR_PEERS_TIMEOUT,
+    p.add_argument("--wait-timeout", type=positive_float, default=WAIT_FOR_PEERS_TIMEOUT,
                    metavar="SECONDS",
                    help=f"longest wait for --wait-for-peers (default {WAIT_FOR_PEERS_TIMEOUT:g})")
-    p.add_argument("--threads", type=_positive_int, default=1,
+    p.add_argument("--threads", type=positive_int, default=1,
                    help="torch threads (default 1)")
-    p.add_argument("--eval-every", type=_positive_int, default=None, metavar="EPOCHS",
+    p.add_argument("--eval-every", type=positive_int, default=None, metavar="EPOCHS",
                    help="measure the held-out loss every this many epochs, and at the start "
                         "and the end (default: only at the end)")
-    p.add_argument("--eval-batches", type=_positive_int, default=EVAL_BATCHES, metavar="N",
+    p.add_argument("--eval-batches", type=positive_int, default=EVAL_BATCHES, metavar="N",
                    help=f"held-out batches per evaluation (default {EVAL_BATCHES}; "
                         f"the held-out text has 12 of 16 windows)")
     p.add_argument("--json-lines", action="store_true",
                    help="print machine-readable events on stdout, one JSON object per line "
                         "(ready, started, step, eval, done)")
-    p.add_argument("--status-interval", type=_positive_float, default=STATUS_INTERVAL,
+    p.add_argument("--status-interval", type=positive_float, default=STATUS_INTERVAL,
                    metavar="SECONDS",
                    help=f"seconds between human status lines (default {STATUS_INTERVAL:g})")
+    p.set_defaults(handler=run)
 
 
 # -- signals -----------------------------------------------------------------------
@@ -275,13 +243,6 @@ def _jsonable(value: Any) -> Any:
     return str(value)
 
 
-def _finite(value: float | None, digits: int = 4) -> float | None:
-    """JSON has no NaN or infinity: those become null."""
-    if value is None or not math.isfinite(value):
-        return None
-    return round(float(value), digits)
-
-
 def derive_peer_index(peer_id_bytes: bytes) -> int:
     """A stable stream index from a peer id (different peers, different batches)."""
     return int.from_bytes(hashlib.blake2b(peer_id_bytes, digest_size=4).digest(), "big")
@@ -309,7 +270,7 @@ class _Progress:
             (1 - LOSS_EMA_WEIGHT) * self.loss + LOSS_EMA_WEIGHT * loss
 
 
-def run_train(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run ``p2pdl train`` with parsed ``args``; return the exit status.
 
     Raises :class:`~p2pdl.errors.P2PDLError` (a ConfigError for bad input)
@@ -328,9 +289,8 @@ def run_train(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
     import torch
 
-    from ._node import Node, NodeConfig
-    from .training import Optimizer
-    from .training._example import ExampleConfig, ExampleTask, count_parameters
+    from .. import Node, NodeConfig, Optimizer
+    from ..training import ExampleConfig, ExampleTask, count_parameters
 
     torch.set_num_threads(args.threads)
     with contextlib.suppress(RuntimeError):  # only possible before any parallel work
@@ -414,18 +374,14 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
     stats = opt.statistics()
     sps = progress.samples / elapsed if elapsed > 0 else 0.0
     with contextlib.suppress(_Stopped):
-        out.event("done", t=_finite(elapsed, 3), reason=reason, epoch=opt.local_epoch,
+        out.event("done", t=finite(elapsed, 3), reason=reason, epoch=opt.local_epoch,
                   samples=progress.samples, local_steps=stats["local_steps"],
-                  loss=_finite(progress.loss), val_loss=_finite(progress.val_loss),
-                  samples_per_second=_finite(sps, 2), statistics=stats)
+                  loss=finite(progress.loss), val_loss=finite(progress.val_loss),
+                  samples_per_second=finite(sps, 2), statistics=stats)
         out.human(f"done ({reason}): epoch {opt.local_epoch}, {progress.samples} samples in "
-                  f"{elapsed:.0f} s ({sps:.1f} samples/s), loss {_fmt(progress.loss)}, "
-                  f"held-out loss {_fmt(progress.val_loss)}")
+                  f"{elapsed:.0f} s ({sps:.1f} samples/s), loss {cell(progress.loss)}, "
+                  f"held-out loss {cell(progress.val_loss)}")
     return 0
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
 
 
 def _deadline_passed(args: argparse.Namespace, progress: _Progress) -> bool:
@@ -497,19 +453,19 @@ def _report(opt: Any, args: argparse.Namespace, progress: _Progress, out: _Outpu
     info = opt.last_round
     if event_due:
         progress.last_event = now
-        out.event("step", t=_finite(progress.elapsed(), 3), epoch=opt.local_epoch,
-                  loss=_finite(progress.loss), samples=progress.samples,
+        out.event("step", t=finite(progress.elapsed(), 3), epoch=opt.local_epoch,
+                  loss=finite(progress.loss), samples=progress.samples,
                   global_samples=gp.samples_accumulated, target=gp.target_batch_size,
                   peers=gp.num_peers, clients=gp.num_clients, auxiliary=gp.num_auxiliary,
-                  swarm_samples_per_second=_finite(gp.samples_per_second, 1),
+                  swarm_samples_per_second=finite(gp.samples_per_second, 1),
                   stepped=stepped, outcome=info.outcome if info else None,
                   group_size=info.group_size if info else None,
-                  round_seconds=_finite(info.seconds, 3) if info else None)
+                  round_seconds=finite(info.seconds, 3) if info else None)
     if status_due:
         progress.last_status = now
         last = "none yet" if info is None else \
             f"{info.outcome} ({info.group_size} peer(s), {info.seconds:.1f} s)"
-        out.human(f"status: epoch {opt.local_epoch} | loss {_fmt(progress.loss)} | "
+        out.human(f"status: epoch {opt.local_epoch} | loss {cell(progress.loss)} | "
                   f"swarm {gp.samples_accumulated}/{gp.target_batch_size} samples | "
                   f"{gp.num_peers} peer(s) ({gp.num_clients} client, {gp.num_auxiliary} "
                   f"auxiliary) | {gp.samples_per_second:.0f} samples/s | last round {last} | "
@@ -519,17 +475,7 @@ def _report(opt: Any, args: argparse.Namespace, progress: _Progress, out: _Outpu
 def _evaluate(task: Any, model: Any, opt: Any, args: argparse.Namespace,
               progress: _Progress, out: _Output) -> None:
     progress.val_loss = task.validation_loss(model, max_batches=args.eval_batches)
-    out.event("eval", t=_finite(progress.elapsed(), 3), epoch=opt.local_epoch,
-              val_loss=_finite(progress.val_loss))
+    out.event("eval", t=finite(progress.elapsed(), 3), epoch=opt.local_epoch,
+              val_loss=finite(progress.val_loss))
     out.human(f"eval: epoch {opt.local_epoch} | held-out loss {progress.val_loss:.3f}")
 
-
-def main_train(args: argparse.Namespace) -> int:
-    """``p2pdl train``: bad input is a one-line error and status 2."""
-    try:
-        return run_train(args)
-    except P2PDLError as exc:
-        print(f"p2pdl: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # a second signal while stopping
-        return 130

@@ -1,0 +1,26 @@
+"""The ``p2pdl`` command (console entry point ``p2pdl.cli:main``; also ``python -m p2pdl``).
+
+    p2pdl node [--listen MULTIADDR ...] [--initial-peers MULTIADDR ...] [--identity FILE]
+    p2pdl train [--initial-peers MULTIADDR ...] [--run-id NAME] [--json-lines] ...
+    p2pdl demo [--duration SECONDS] [--out DIR]
+    p2pdl netlab check | up | list | cleanup
+
+Modules:
+
+* ``_main`` -- the parser, logging on stderr, dispatch and error reporting.
+* ``_args`` -- argument types (positive numbers...) and arguments every peer has.
+* ``_format`` -- numbers for JSON (no NaN) and for tables and status lines.
+* ``_node`` -- ``p2pdl node``: a long-lived peer, its addresses and status lines.
+* ``_train`` -- ``p2pdl train``: one training peer of the example task, its events.
+* ``_demo`` -- ``p2pdl demo``: the swarm phase, then the baseline; signals.
+* ``_demo_children`` -- the demo's child processes: start, read events, stop.
+* ``_demo_view`` -- the demo's live view (rich) and plain progress lines.
+* ``_demo_report`` -- the demo's ``report.json``, ``loss.png`` and summary table.
+* ``_netlab`` -- ``p2pdl netlab``: mounts ``python -m p2pdl.netlab``.
+
+Only subcommands that work are listed.  These modules import torch, rich
+and matplotlib only inside the commands that use them.
+"""
+
+from ._main import build_parser as build_parser
+from ._main import main as main
