@@ -1,6 +1,7 @@
 """What every worker of bench_allreduce.py shares: the argv, the data, the truth,
-the error check and the lines it prints.  Plain torch + stdlib, so that it
-imports in p2pdl's environment and in hivemind's (both have torch 2.13);
+the error check and the worker's side of the protocol (on simulations/_harness.py).
+Plain torch + stdlib, so that it imports in p2pdl's environment and in
+hivemind's (both have torch 2.13);
 workers run as ``python -m simulations._<system>_allreduce`` from the
 repository root and import it as ``simulations._allreduce_common``.
 
@@ -24,16 +25,15 @@ once each (hivemind: 4).
 """
 
 import argparse
-import json
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from simulations import _harness as harness
 
 CODECS = ("none", "fp16")
 FP16_UNIT_ROUNDOFF = 2.0 ** -11
@@ -134,8 +134,6 @@ def worker_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, required=True, help="timed rounds (plus warm-up 0)")
     parser.add_argument("--codec", choices=CODECS, required=True)
     parser.add_argument("--numel", type=int, required=True)
-    parser.add_argument("--rendezvous", type=Path, required=True,
-                        help="a directory all peers share")
     parser.add_argument("--timeout", type=float, required=True,
                         help="seconds left for the whole run: bound every wait by it")
     args = parser.parse_args(argv)
@@ -144,18 +142,19 @@ def worker_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 class Worker:
-    """One peer's side of the parent <-> worker protocol (see bench_allreduce.py).
+    """One peer's side of the parent <-> worker protocol (see bench_allreduce.py), on
+    simulations._harness's events and commands.
 
-    ``prepare`` (heavy) before ``ready``; ``ready`` and ``done`` block on stdin
-    until the parent releases every peer: call them from a thread in an async
-    worker (``trio.to_thread.run_sync`` / ``loop.run_in_executor``) so the event
-    loop keeps serving peers meanwhile."""
+    ``prepare`` (heavy) before ``ready``; ``exchange``, ``ready`` and ``done`` block
+    on stdin until the parent releases every peer: call them from a thread in an
+    async worker (``trio.to_thread.run_sync`` / ``loop.run_in_executor``) so the
+    event loop keeps serving peers meanwhile.  Every wait ends at the run's
+    deadline."""
 
     def __init__(self, argv: Sequence[str] | None = None) -> None:
         self.args = worker_args(argv)
         self.rank, self.peers = self.args.rank, self.args.peers
         self.rounds, self.codec, self.numel = self.args.rounds, self.args.codec, self.args.numel
-        self.rendezvous: Path = self.args.rendezvous
         self.deadline: float = self.args.deadline
         self.weight = weight(self.rank)
         self.total_weight = sum(weight(i) for i in range(self.peers))
@@ -168,25 +167,10 @@ class Worker:
         """Seconds left before the run's deadline."""
         return max(0.0, self.deadline - time.time())
 
-    # -- rendezvous: exchange whatever a system needs (addresses, ports) through files
-
-    def publish(self, info: dict) -> None:
-        path = self.rendezvous / f"rank-{self.rank}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(info))
-        os.replace(tmp, path)
-
-    def collect(self, ranks: Sequence[int] | None = None, poll: float = 0.05) -> list[dict]:
-        """The info ``ranks`` (default: all peers) published, in that order; waits for
-        all of them (bounded by the deadline)."""
-        ranks = list(range(self.peers)) if ranks is None else list(ranks)
-        paths = [self.rendezvous / f"rank-{i}.json" for i in ranks]
-        while not all(p.exists() for p in paths):
-            if time.time() > self.deadline:
-                missing = [i for i, p in zip(ranks, paths, strict=True) if not p.exists()]
-                raise TimeoutError(f"rendezvous: ranks {missing} never published")
-            time.sleep(poll)
-        return [json.loads(p.read_text()) for p in paths]
+    def exchange(self, info: dict) -> list[dict]:
+        """Tell the others ``info`` (addresses, a port) through the parent; every
+        peer's info, in rank order, once all have told theirs."""
+        return harness.exchange(info, timeout=self.left())
 
     # -- rounds
 
@@ -199,58 +183,31 @@ class Worker:
 
     def ready(self, round_: int) -> float:
         """Say ready for ``round_``, wait for the parent's go; returns time.time() at the go."""
-        _emit({"event": "ready", "round": round_, "rank": self.rank})
-        _wait_release(self.deadline)
+        harness.emit("ready", round=round_, rank=self.rank)
+        harness.wait_command("go", timeout=self.left())
         return time.time()
 
     def done(self, round_: int, t_start: float, t_end: float, error: str | None = None,
              note: str | None = None) -> None:
         """Report the round's times (time.time()), and why it failed (``error``) or anything
         worth knowing (``note``: goes into the row's note); wait until every peer is done."""
-        message = {"event": "done", "round": round_, "rank": self.rank, "t_start": t_start,
-                   "t_end": t_end, "error": error}
-        if note:
-            message["note"] = note
-        _emit(message)
-        _wait_release(self.deadline)
+        extra = {"note": note} if note else {}
+        harness.emit("done", round=round_, rank=self.rank, t_start=t_start, t_end=t_end,
+                     error=error, **extra)
+        harness.wait_command("next", timeout=self.left())
 
     def check(self, round_: int, result: Sequence[torch.Tensor] | None) -> float:
         """Compare ``result`` (None: the round failed) with the truth and report it."""
         err = math.inf if result is None or self._truth is None else max_error(result, self._truth)
-        _emit({"event": "result", "round": round_, "rank": self.rank,
-               "max_err": err if math.isfinite(err) else None, "tol": self._tol,
-               "ok": err <= self._tol})
+        harness.emit("result", round=round_, rank=self.rank,
+                     max_err=err if math.isfinite(err) else None, tol=self._tol,
+                     ok=err <= self._tol)
         self._truth = None
         return err
 
-    def fatal(self, exc: BaseException) -> None:
-        _emit({"event": "fatal", "rank": self.rank, "error": f"{type(exc).__name__}: {exc}"})
-
-
-def _emit(message: dict) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
-
-
-def _wait_release(deadline: float) -> None:
-    """One line on stdin from the parent; EOF (the parent is gone) or a stop ends the worker."""
-    del deadline  # the parent bounds this wait: it kills the worker's process group at its deadline
-    line = sys.stdin.readline()
-    if not line or line.strip() == "stop":
-        raise SystemExit("bench_allreduce: released with stop/EOF")
-
-
-def forward_events(rank: int, stdout: Any, events: Any) -> None:
-    """Put each JSON line a worker prints on ``events`` as ``(rank, message)``, then
-    ``(rank, None)`` at its end (the parents' reader threads run this)."""
-    for line in stdout:
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                events.put((rank, json.loads(line)))
-            except ValueError:
-                pass
-    events.put((rank, None))
+    def reporting(self) -> Any:
+        """Around the worker's main: an exception is sent as ``fatal`` and raised again."""
+        return harness.reporting(rank=self.rank)
 
 
 def log(*parts: Any) -> None:

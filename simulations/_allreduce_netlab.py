@@ -16,7 +16,7 @@ Each peer declares ``bandwidth`` = cap x 1448/1514 bytes/s (the TCP payload a
 cap counted in whole Ethernet frames can carry, 95.6 %: docs/netlab.md), and
 all average one group of all five twice per pair: with the fractions a
 matchmaking leader computes from those bandwidths (``lp``:
-``_matchmaking.plan_fractions``; here the whole vector goes to the auxiliary
+``p2pdl.averaging.plan_fractions``; here the whole vector goes to the auxiliary
 peer) and with 1/5 each (``equal``).  Contributor i averages the inputs of
 simulations/_allreduce_common.py with weight 1 + i; the auxiliary peer passes
 weight 0 and zeros.  One untimed warm-up pair, then ``--rounds`` timed pairs,
@@ -68,10 +68,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import queue
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -86,6 +83,13 @@ if str(ROOT) not in sys.path:
 from p2pdl import netlab  # noqa: E402
 from p2pdl.averaging import CodecPolicy, PeerCapacity, choose_codec  # noqa: E402
 from p2pdl.averaging._balancing import equal_shares, plan_load, round_time  # noqa: E402
+from simulations._harness import (  # noqa: E402
+    CpuMeter,
+    CpuUsage,
+    RunFailed,
+    Supervisor,
+    cores,
+)
 
 #: The DeDLOC tiers (Mbit/s): four contributors, then the auxiliary peer.
 FULL_CAPS_MBIT = (200.0, 100.0, 100.0, 50.0, 500.0)
@@ -99,11 +103,6 @@ MODES = ("lp", "equal")
 DEFAULTS = {"scale": 8.0, "numel": 2_500_000, "rounds": 3, "codec": "fp16",
             "chunk_values": 2**16, "timeout": 240.0, "raw_tcp": True, "nice": -10}
 EXIT_GRACE = 5.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
-
-
-class RunFailed(Exception):
-    pass
 
 
 # ---------------------------------------------------------------- model
@@ -137,118 +136,6 @@ def model(caps_mbit: list[float], nbytes: int) -> dict[str, Any]:
             "equal_fractions": list(equal.fractions), "lp_predicted_s": lp_t,
             "lp_bottleneck": lp_neck, "equal_predicted_s": eq_t, "equal_bottleneck": eq_neck,
             "bandwidth_bound_s": bound}
-
-
-# ---------------------------------------------------------------- CPU accounting
-
-def proc_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of process ``pid`` (None if it is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
-
-
-def machine_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of all CPUs since boot (busy: all but idle and iowait)."""
-    with open("/proc/stat") as f:
-        values = [int(v) for v in f.readline().split()[1:]]
-    total = sum(values[:8])  # user nice system idle iowait irq softirq steal
-    return total - values[3] - values[4], total
-
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
-
-
-# ---------------------------------------------------------------- the peers
-
-class Peers:
-    """The peer processes, one per lab host; their stdout JSON lines in one queue."""
-
-    def __init__(self, hosts: list[Any], argv_of: Any, log_dir: Path, deadline: float) -> None:
-        self.deadline = deadline
-        self.events: queue.Queue[tuple[int, dict[str, Any] | None]] = queue.Queue()
-        self.seen: dict[tuple[str, int, str], dict[int, dict[str, Any]]] = {}
-        self.procs: list[subprocess.Popen[str]] = []
-        self.logs = [log_dir / f"rank-{i}.log" for i in range(len(hosts))]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        for rank, host in enumerate(hosts):
-            with self.logs[rank].open("w") as stderr:
-                proc = host.popen(argv_of(rank, host), cwd=ROOT, stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=stderr, text=True, bufsize=1,
-                                  env=env)
-            self.procs.append(proc)
-            threading.Thread(target=self._read, args=(rank, proc), daemon=True).start()
-
-    def _read(self, rank: int, proc: subprocess.Popen[str]) -> None:
-        from simulations._allreduce_common import forward_events  # imports torch: lazily
-
-        assert proc.stdout is not None
-        forward_events(rank, proc.stdout, self.events)
-
-    def wait_all(self, event: str, pair: int, mode: str) -> dict[int, dict[str, Any]]:
-        key = (event, pair, mode)
-        while len(self.seen.get(key, {})) < len(self.procs):
-            left = self.deadline - time.time()
-            if left <= 0:
-                raise RunFailed(f"timed out waiting for '{event}' of pair {pair} ({mode}) "
-                                f"(have ranks {sorted(self.seen.get(key, {}))})")
-            try:
-                rank, message = self.events.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                continue
-            if message is None:
-                raise RunFailed(f"rank {rank} exited (status {self.procs[rank].poll()}) "
-                                f"before '{event}' of pair {pair} ({mode}): {self.tail(rank)}")
-            if message.get("event") == "fatal":
-                raise RunFailed(f"rank {rank}: {message.get('error')} ({self.tail(rank)})")
-            mkey = (message.get("event", ""), message.get("pair", -1), message.get("mode", ""))
-            self.seen.setdefault(mkey, {})[rank] = message
-        return self.seen[key]
-
-    def release(self, word: str) -> float:
-        now = time.time()
-        for proc in self.procs:
-            assert proc.stdin is not None
-            proc.stdin.write(word + "\n")
-            proc.stdin.flush()
-        return now
-
-    def cpu(self) -> list[float | None]:
-        return [proc_cpu_s(p.pid) for p in self.procs]
-
-    def tail(self, rank: int, lines: int = 3) -> str:
-        try:
-            text = self.logs[rank].read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return " | ".join(line[:300] for line in text[-lines:])
-
-    def close(self) -> None:
-        """EOF on stdin, a short wait, then SIGKILL whoever is left (the lab's close
-        stops anything else in its namespaces)."""
-        for proc in self.procs:
-            try:
-                if proc.stdin is not None:
-                    proc.stdin.close()
-            except OSError:
-                pass
-        end = time.time() + EXIT_GRACE
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.1, end - time.time()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
 
 
 # ---------------------------------------------------------------- plain TCP over the slowest link
@@ -330,8 +217,6 @@ def run_netlab(args: Any = None) -> dict[str, Any]:
     nbytes = vector_bytes(args.numel, args.codec)
     plan = model(caps, nbytes)
     log_dir = Path(tempfile.mkdtemp(prefix="p2pdl-allreduce-netlab-"))
-    rendezvous = log_dir / "rendezvous"
-    rendezvous.mkdir()
     print(f"netlab all-reduce: caps {caps} Mbit/s, {args.numel} values ({nbytes} B), "
           f"logs in {log_dir}", file=sys.stderr)
 
@@ -342,7 +227,7 @@ def run_netlab(args: Any = None) -> dict[str, Any]:
                 "--ip", host.ip, "--bandwidths", ",".join(f"{b:.1f}" for b in plan["bandwidths"]),
                 "--aux", ",".join(map(str, AUXILIARY)), "--pairs", str(args.rounds),
                 "--numel", str(args.numel), "--codec", args.codec,
-                "--chunk-values", str(args.chunk_values), "--rendezvous", str(rendezvous),
+                "--chunk-values", str(args.chunk_values),
                 "--timeout", f"{max(1.0, deadline - time.time()):.0f}"]
 
     rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
@@ -354,52 +239,52 @@ def run_netlab(args: Any = None) -> dict[str, Any]:
                  for name, cap in zip(HOST_NAMES, caps, strict=True)]
         if args.raw_tcp:
             raw_tcp = calibrate(hosts, caps)
-        peers = Peers(hosts, argv_of, log_dir, deadline)
         try:
-            for pair in range(args.rounds + 1):
-                for mode in MODES:
-                    ready = peers.wait_all("ready", pair, mode)
-                    if pair == 0 and mode == MODES[0]:
-                        print(f"netlab all-reduce: peers up and connected after "
-                              f"{time.time() - began:.1f} s", file=sys.stderr)
-                    fractions_used.setdefault(mode, ready[0]["fractions"])
-                    if any(r["fractions"] != ready[0]["fractions"] for r in ready.values()):
-                        raise RunFailed(f"peers disagree on the {mode} fractions: "
-                                        f"{[r['fractions'] for r in ready.values()]}")
-                    cpu0, machine0 = peers.cpu(), machine_jiffies()
-                    released = peers.release("go")
-                    done = peers.wait_all("done", pair, mode)
-                    all_done = time.time()
-                    cpu1, machine1 = peers.cpu(), machine_jiffies()
-                    peers.release("next")
-                    results = peers.wait_all("result", pair, mode)
-                    rec = _round_record(pair, mode, released, all_done, done, results,
-                                        cpu0, cpu1, machine0, machine1)
-                    print(f"netlab all-reduce: pair {pair} {mode}: {rec['round_s']:.3f} s "
-                          f"(predicted {plan[mode + '_predicted_s']:.3f}), "
-                          f"{'correct' if rec['correct'] else 'WRONG'}, peers' CPU "
-                          f"{rec['cpu_s']:.2f} s", file=sys.stderr)
-                    if pair > 0:
-                        rounds[mode].append(rec)
+            with Supervisor(log_dir=log_dir, timeout=deadline - time.time(),
+                            exit_grace=EXIT_GRACE) as peers:
+                for rank, host in enumerate(hosts):
+                    peers.start(argv_of(rank, host), host=host)
+                meter = CpuMeter(peers.pids)
+                peers.exchange()
+                for pair in range(args.rounds + 1):
+                    for mode in MODES:
+                        ready = peers.wait_all("ready", pair=pair, mode=mode)
+                        if pair == 0 and mode == MODES[0]:
+                            print(f"netlab all-reduce: peers up and connected after "
+                                  f"{time.time() - began:.1f} s", file=sys.stderr)
+                        fractions_used.setdefault(mode, ready[0]["fractions"])
+                        if any(r["fractions"] != ready[0]["fractions"] for r in ready.values()):
+                            raise RunFailed(f"peers disagree on the {mode} fractions: "
+                                            f"{[r['fractions'] for r in ready.values()]}")
+                        before = meter.sample()
+                        released = peers.send("go")
+                        done = peers.wait_all("done", pair=pair, mode=mode)
+                        all_done = time.time()
+                        usage = meter.sample().usage_since(before)
+                        peers.send("next")
+                        results = peers.wait_all("result", pair=pair, mode=mode)
+                        rec = _round_record(pair, mode, released, all_done, done, results, usage)
+                        print(f"netlab all-reduce: pair {pair} {mode}: {rec['round_s']:.3f} s "
+                              f"(predicted {plan[mode + '_predicted_s']:.3f}), "
+                              f"{'correct' if rec['correct'] else 'WRONG'}, peers' CPU "
+                              f"{rec['cpu_s']:.2f} s", file=sys.stderr)
+                        if pair > 0:
+                            rounds[mode].append(rec)
         except RunFailed as exc:
             failure = f"{exc} (logs: {log_dir})"
         except Exception as exc:  # a broken pipe to a dead peer, a malformed message...
             failure = f"{type(exc).__name__}: {exc} (logs: {log_dir})"
-        finally:
-            peers.close()
     return _summary(args, caps, nbytes, plan, rounds, fractions_used, raw_tcp, failure,
                     time.time() - began, log_dir)
 
 
 def _round_record(pair: int, mode: str, released: float, all_done: float,
                   done: dict[int, dict[str, Any]], results: dict[int, dict[str, Any]],
-                  cpu0: list[float | None], cpu1: list[float | None],
-                  machine0: tuple[int, int], machine1: tuple[int, int]) -> dict[str, Any]:
+                  usage: CpuUsage) -> dict[str, Any]:
     contributors = [r for r in done if r not in AUXILIARY]
     wall = max(1e-9, all_done - released)
-    cpu = [(b - a) if a is not None and b is not None else 0.0
-           for a, b in zip(cpu0, cpu1, strict=True)]
-    busy = (machine1[0] - machine0[0]) / max(1, machine1[1] - machine0[1])
+    cpu = list(usage.cpu_s)
+    busy = usage.machine_busy_fraction
     checked = [results[r] for r in contributors]
     return {
         "pair": pair, "mode": mode,
@@ -492,7 +377,7 @@ def _summary(args: argparse.Namespace, caps: list[float], nbytes: int, plan: dic
         "fractions": {"lp": [_r(f, 6) for f in fractions_used.get("lp", plan["lp_fractions"])],
                       "equal": [_r(f, 6) for f in fractions_used.get("equal",
                                                                      plan["equal_fractions"])]},
-        "fractions_from": "lp: _matchmaking.plan_fractions in every peer (as a matchmaking "
+        "fractions_from": "lp: p2pdl.averaging.plan_fractions in every peer (as a matchmaking "
                           "leader); equal: 1/5 each (the auxiliary peer reduces too)",
         "hosts": list(HOST_NAMES), "auxiliary": list(AUXILIARY),
         "caps_mbit": caps, "full_caps_mbit": list(FULL_CAPS_MBIT), "scale": args.scale,

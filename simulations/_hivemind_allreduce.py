@@ -3,7 +3,7 @@ its Go p2pd daemon, a child of this process).  Runs with hivemind's own
 interpreter (simulations/_baselines.py) from the repository root:
 
     <hivemind venv>/bin/python -m simulations._hivemind_allreduce --rank I --peers N \
-        --rounds R --codec none|fp16 --numel M --rendezvous DIR --timeout S
+        --rounds R --codec none|fp16 --numel M --timeout S
 
 What is measured is hivemind's all-reduce itself, not its matchmaking: each
 round builds ``hivemind.averaging.allreduce.AllReduceRunner`` directly (as
@@ -21,8 +21,8 @@ formed: iterate the runner and ``tensor.add_(delta)`` until every tensor has
 its average.
 
 Peers start their P2P daemons (hivemind's defaults, TCP on 127.0.0.1),
-publish peer id and multiaddrs in DIR and connect to every other peer before
-the warm-up round.
+tell each other peer id and multiaddrs (the parent's address exchange) and
+connect to every other peer before the warm-up round.
 """
 
 import asyncio
@@ -80,9 +80,9 @@ async def run(worker: Worker) -> None:
     try:
         dispatcher = Dispatcher()
         await dispatcher.add_p2p_handlers(p2p, namespace=PREFIX)
-        worker.publish({"peer_id": p2p.peer_id.to_base58(),
-                        "maddrs": [str(m) for m in await p2p.get_visible_maddrs()]})
-        infos = await loop.run_in_executor(blocking, worker.collect)
+        info = {"peer_id": p2p.peer_id.to_base58(),
+                "maddrs": [str(m) for m in await p2p.get_visible_maddrs()]}
+        infos = await loop.run_in_executor(blocking, worker.exchange, info)
         peer_ids = [PeerID.from_base58(info["peer_id"]) for info in infos]
         for rank, (peer_id, info) in enumerate(zip(peer_ids, infos, strict=True)):
             if rank != worker.rank:
@@ -92,10 +92,11 @@ async def run(worker: Worker) -> None:
                     timeout=max(1.0, worker.left()))
         log(f"hivemind rank {worker.rank}/{worker.peers}: {p2p.peer_id} connected to all")
         fractions = tuple(1.0 for _ in range(worker.peers))
+        run_key = "/".join(info["peer_id"] for info in infos)  # this run's peers: unique
 
         for r in range(worker.rounds + 1):
             tensors = await loop.run_in_executor(blocking, worker.prepare, r)
-            group_id = hashlib.sha1(f"{worker.rendezvous}/{r}".encode()).digest()
+            group_id = hashlib.sha1(f"{run_key}/{r}".encode()).digest()
             runner = AllReduceRunner(
                 p2p=p2p, servicer_type=Dispatcher, prefix=PREFIX, group_id=group_id,
                 tensors=tensors, weight=worker.weight, ordered_peer_ids=peer_ids,
@@ -124,11 +125,8 @@ async def run(worker: Worker) -> None:
 
 def main() -> None:
     worker = Worker()
-    try:
+    with worker.reporting():
         asyncio.run(run(worker))
-    except Exception as exc:
-        worker.fatal(exc)
-        raise
 
 
 if __name__ == "__main__":

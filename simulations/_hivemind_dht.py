@@ -1,23 +1,29 @@
 """hivemind's side of bench_dht.py.  Runs in hivemind's own environment
-(simulations/_baselines.py), so it imports nothing of p2pdl.
+(simulations/_baselines.py), so it imports nothing of p2pdl; from the
+repository root:
 
-    <hivemind venv>/bin/python simulations/_hivemind_dht.py --nodes 32 --settle 5 < plan.json
+    <hivemind venv>/bin/python -m simulations._hivemind_dht --nodes 32 --settle 5
 
-Starts ``--nodes`` hivemind DHT peers on loopback (each its own process and
-Go daemon, as hivemind runs them; all join through the first), waits
-``--settle`` seconds, then runs the plan read from stdin -- a JSON list of
-``{"op": "store"|"get", "node", "key", "value", "ttl", "latest"}`` -- one
-operation at a time through the public ``hivemind.DHT`` API, and prints
-``{"startup_s", "results": [{"ok", "ms"}...]}``: a store is ok when it
-returned True, a get when it returned the stored value.
+It speaks simulations/_harness.py's protocol.  It first waits for the
+command ``{"command": "run", "plan": [...]}`` -- a JSON list of ``{"op":
+"store"|"get", "node", "key", "value", "ttl", "latest"}`` -- then starts
+``--nodes`` hivemind DHT peers on loopback (each its own process and Go
+daemon, as hivemind runs them; all join through the first), waits
+``--settle`` seconds, runs the plan one operation at a time through the
+public ``hivemind.DHT`` API, shuts every peer down and sends ``{"event":
+"result", "startup_s", "results": [{"ok", "ms"}...]}``: a store is ok when
+it returned True, a get when it returned the stored value.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
+
+from simulations import _harness as harness
+
+PLAN_TIMEOUT = 60.0  # seconds for the parent's plan to arrive
 
 
 def main() -> None:
@@ -25,7 +31,12 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--settle", type=float, default=5.0)
     args = parser.parse_args()
-    plan = json.load(sys.stdin)
+    with harness.reporting():
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    plan = harness.wait_command("run", timeout=PLAN_TIMEOUT)["plan"]
 
     import hivemind
     from hivemind.utils.timed_storage import get_dht_time
@@ -54,7 +65,7 @@ def main() -> None:
                 dht.shutdown()
             except Exception as exc:  # report and go on: every daemon must be stopped
                 print(f"shutdown of a hivemind DHT failed: {exc!r}", file=sys.stderr)
-    print(json.dumps({"startup_s": startup, "results": results}))
+    harness.emit("result", startup_s=startup, results=results)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 """p2pdl's side of bench_allreduce.py: one peer, one process.
 
     python -m simulations._p2pdl_allreduce --rank I --peers N --rounds R --codec none|fp16 \
-        --numel M --rendezvous DIR --timeout S
+        --numel M --timeout S
 
-Each worker opens a node on loopback, publishes its address in DIR, and
-connects to every other (as matchmaking leaves a group: every member's
-address known).  Round r is an all-reduce of the group of all N peers in
-rank order, with id SHA-256("bench-allreduce/<r>") and equal shares
+Each worker opens a node on loopback, tells the others its address (the
+parent's address exchange), and connects to every other (as matchmaking
+leaves a group: every member's address known).  Round r is an all-reduce
+of the group of all N peers in rank order, with id SHA-256("bench-allreduce/<r>") and equal shares
 (``node.averaging.all_reduce(group, tensors, weight=w_i)``), timed from the
 go to the averaged tensors in hand.  Codec ``none`` sends every tensor as
 float32; ``fp16`` sends tensors of at least 65536 values in fp16 and the
@@ -32,8 +32,8 @@ async def run(worker: Worker) -> None:
     config = AllReduceConfig(codecs=CodecPolicy(large=worker.codec),
                              averaging_timeout=min(120.0, max(1.0, worker.left())))
     async with p2pdl.open_node(loopback_config()) as node:
-        worker.publish({"addr": f"{node.addrs[0]}/p2p/{node.peer_id}"})
-        infos = await trio.to_thread.run_sync(worker.collect)
+        infos = await trio.to_thread.run_sync(
+            worker.exchange, {"addr": f"{node.addrs[0]}/p2p/{node.peer_id}"})
         for rank, info in enumerate(infos):
             if rank > worker.rank:  # each pair connects once
                 await node.connect(info["addr"])
@@ -59,11 +59,8 @@ async def run(worker: Worker) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     worker = Worker()
-    try:
+    with worker.reporting():
         trio.run(run, worker)
-    except Exception as exc:
-        worker.fatal(exc)
-        raise
 
 
 if __name__ == "__main__":

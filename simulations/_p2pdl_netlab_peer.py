@@ -2,45 +2,45 @@
 inside a netlab host's network namespace.
 
     python -m simulations._p2pdl_netlab_peer --rank I --ip A.B.C.D --bandwidths B0,..,B4 \
-        --aux 4 --pairs R --numel M --codec fp16 --chunk-values C --rendezvous DIR --timeout S
+        --aux 4 --pairs R --numel M --codec fp16 --chunk-values C --timeout S
 
-It opens a p2pdl node listening on its host's address ``--ip``, publishes its
-full address in ``DIR/rank-I.json``, connects to every peer of a higher rank
+It opens a p2pdl node listening on its host's address ``--ip``, tells the
+others its full address (the parent's address exchange, simulations/_harness.py),
+connects to every peer of a higher rank
 (each pair once) and builds the group of all peers in rank order; member i
 declares ``bandwidth = B_i`` bytes/s and peers in ``--aux`` are auxiliary.
 Two load plans of that group: ``lp``, the fractions a matchmaking leader
-would send (``_matchmaking.plan_fractions``), and ``equal``, 1/n each (every
+would send (``p2pdl.averaging.plan_fractions``), and ``equal``, 1/n each (every
 member accepts connections, the auxiliary one reduces too).
 
 Pair p = 0 (untimed warm-up) .. R: the inputs of round p of
 simulations/_allreduce_common.py (contributor ranks 0..K-1, weights 1 + rank;
 the auxiliary peers pass weight 0 and zeros of the same shapes), averaged once
-with each plan, ``lp`` first.  For each (pair, mode), on stdout, one JSON
-object a line, with stdin lines from the parent as barriers:
+with each plan, ``lp`` first.  For each (pair, mode), these events, with the
+parent's commands as barriers (simulations/_harness.py):
 
-1. ``{"event": "ready", "pair": p, "mode": m, ...}``; then reads ``go``.
+1. ``{"event": "ready", "pair": p, "mode": m, ...}``; then waits for ``go``.
 2. ``{"event": "done", "t_start", "t_end", "completed", "error", "times",
    "bytes_sent", "bytes_received", "predicted_s", "excluded",
    "own_part_completed"}`` (``time.time()`` at the go and with the result in
-   hand); then reads ``next`` (every peer is
+   hand); then waits for ``next`` (every peer is
    done, so checking steals no CPU from a peer still averaging).
 3. ``{"event": "result", "max_err", "tol", "ok"}`` (``ok`` is null for an
    auxiliary peer: it receives no result; ``done``'s ``own_part_completed``
    says whether it averaged its part).
 
-EOF or ``stop`` on stdin ends the peer; ``{"event": "fatal", ...}`` on error.
+The end of stdin or ``stop`` ends the peer; ``{"event": "fatal", ...}`` on
+error.  Every wait ends at the run's deadline (``--timeout``).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import logging
 import math
 import sys
 import time
-from pathlib import Path
 
 import torch
 import trio
@@ -48,8 +48,14 @@ from libp2p.peer.id import ID
 
 import p2pdl
 from p2pdl import NodeConfig
-from p2pdl.averaging import AllReduceConfig, CodecPolicy, Group, GroupMemberInfo
-from p2pdl.averaging._matchmaking import plan_fractions
+from p2pdl.averaging import (
+    AllReduceConfig,
+    CodecPolicy,
+    Group,
+    GroupMemberInfo,
+    plan_fractions,
+)
+from simulations import _harness as harness
 from simulations._allreduce_common import (
     CODECS,
     make_inputs,
@@ -75,7 +81,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--numel", type=int, required=True)
     parser.add_argument("--codec", choices=CODECS, required=True)
     parser.add_argument("--chunk-values", type=int, required=True)
-    parser.add_argument("--rendezvous", type=Path, required=True)
     parser.add_argument("--timeout", type=float, required=True,
                         help="seconds left for the whole run")
     args = parser.parse_args(argv)
@@ -89,39 +94,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def emit(message: dict) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
-
-
 def log(*parts: object) -> None:
     print(*parts, file=sys.stderr, flush=True)
 
 
-def wait_line(expected: str) -> None:
-    """One line from the parent (blocking; the parent bounds the wait by killing us)."""
-    line = sys.stdin.readline()
-    if not line or line.strip() == "stop":
-        raise SystemExit("released with stop/EOF")
-    if line.strip() != expected:
-        raise RuntimeError(f"expected {expected!r} from the parent, got {line.strip()!r}")
-
-
-def publish(args: argparse.Namespace, info: dict) -> None:
-    path = args.rendezvous / f"rank-{args.rank}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(info))
-    tmp.replace(path)
-
-
-def collect(args: argparse.Namespace) -> list[dict]:
-    paths = [args.rendezvous / f"rank-{i}.json" for i in range(args.peers)]
-    while not all(p.exists() for p in paths):
-        if time.time() > args.deadline:
-            missing = [i for i, p in enumerate(paths) if not p.exists()]
-            raise TimeoutError(f"rendezvous: ranks {missing} never published")
-        time.sleep(0.05)
-    return [json.loads(p.read_text()) for p in paths]
+def left(args: argparse.Namespace) -> float:
+    return max(0.0, args.deadline - time.time())
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -133,8 +111,8 @@ async def run(args: argparse.Namespace) -> None:
     node_config = NodeConfig.build(listen=[f"/ip4/{args.ip}/tcp/0"])
     async with p2pdl.open_node(node_config) as node:
         addr = next(a for a in node.addrs if a.startswith(f"/ip4/{args.ip}/"))
-        publish(args, {"addr": addr, "peer_id": str(node.peer_id)})
-        infos = await trio.to_thread.run_sync(collect, args)
+        infos = await trio.to_thread.run_sync(
+            harness.exchange, {"addr": addr, "peer_id": str(node.peer_id)}, left(args))
         with trio.fail_after(max(1.0, min(30.0, args.deadline - time.time()))):
             for rank, info in enumerate(infos):
                 if rank > args.rank:  # each pair connects once
@@ -159,31 +137,31 @@ async def run(args: argparse.Namespace) -> None:
             for mode in MODES:
                 group = Group(hashlib.sha256(f"netlab-allreduce/{mode}/{pair}".encode()).digest(),
                               "bench-netlab", pair, members, fractions=plans[mode])
-                emit({"event": "ready", "pair": pair, "mode": mode, "rank": args.rank,
-                      "fractions": list(plans[mode])})
-                await trio.to_thread.run_sync(wait_line, "go")
+                harness.emit("ready", pair=pair, mode=mode, rank=args.rank,
+                             fractions=list(plans[mode]))
+                await trio.to_thread.run_sync(harness.wait_command, "go", left(args))
                 t_start = time.time()
                 result = await node.averaging.all_reduce(
                     group, tensors, weight=0.0 if auxiliary else weight(args.rank), config=config)
                 t_end = time.time()
                 error = None if result.completed else "; ".join(
                     f"part {p.reducer}: {p.error}" for p in result.parts if not p.completed)
-                emit({"event": "done", "pair": pair, "mode": mode, "rank": args.rank,
-                      "t_start": t_start, "t_end": t_end, "completed": result.completed,
-                      "error": error, "times": result.times, "bytes_sent": result.bytes_sent,
-                      "bytes_received": result.bytes_received,
-                      "predicted_s": result.predicted_s, "excluded": list(result.excluded),
-                      # an auxiliary member receives no averages: its own part is its job
-                      "own_part_completed": result.parts[args.rank].completed})
-                await trio.to_thread.run_sync(wait_line, "next")
+                harness.emit("done", pair=pair, mode=mode, rank=args.rank,
+                             t_start=t_start, t_end=t_end, completed=result.completed,
+                             error=error, times=result.times, bytes_sent=result.bytes_sent,
+                             bytes_received=result.bytes_received,
+                             predicted_s=result.predicted_s, excluded=list(result.excluded),
+                             # an auxiliary member receives no averages: its part is its job
+                             own_part_completed=result.parts[args.rank].completed)
+                await trio.to_thread.run_sync(harness.wait_command, "next", left(args))
                 if expected is None:
-                    emit({"event": "result", "pair": pair, "mode": mode, "rank": args.rank,
-                          "max_err": None, "tol": None, "ok": None})
+                    harness.emit("result", pair=pair, mode=mode, rank=args.rank,
+                                 max_err=None, tol=None, ok=None)
                 else:
                     err = max_error(result.tensors, expected)
-                    emit({"event": "result", "pair": pair, "mode": mode, "rank": args.rank,
-                          "max_err": err if math.isfinite(err) else None, "tol": tol,
-                          "ok": bool(err <= tol and result.completed)})
+                    harness.emit("result", pair=pair, mode=mode, rank=args.rank,
+                                 max_err=err if math.isfinite(err) else None, tol=tol,
+                                 ok=bool(err <= tol and result.completed))
                 log(f"pair {pair} {mode}: {t_end - t_start:.3f} s, times {result.times}")
         # Every peer is past the last barrier: leave together.
 
@@ -191,13 +169,8 @@ async def run(args: argparse.Namespace) -> None:
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     args = parse_args()
-    try:
+    with harness.reporting(rank=args.rank):
         trio.run(run, args)
-    except SystemExit:
-        raise
-    except BaseException as exc:
-        emit({"event": "fatal", "rank": args.rank, "error": f"{type(exc).__name__}: {exc}"})
-        raise
 
 
 if __name__ == "__main__":

@@ -15,26 +15,26 @@ same initial parameters in every peer (seed 0); each rank draws its own
 batches (``peer_index = rank``).
 
 ``--mode solo``: a plain torch loop (``loss.backward(); AdamW.step();
-zero_grad()``), no p2pdl.  Two untimed warm-up steps, then on stdout
-``{"event": "ready"}``; after the parent's ``go`` on stdin it trains for
-``--duration`` seconds and prints ``{"event": "result", "samples", "seconds",
-"samples_s", ...}``.
+zero_grad()``), no p2pdl.  Two untimed warm-up steps, then the event
+``{"event": "ready"}`` (simulations/_harness.py's protocol); after the
+parent's ``go`` it trains for ``--duration`` seconds and sends ``{"event":
+"result", "samples", "seconds", "samples_s", ...}``.
 
 ``--mode swarm``: a ``p2pdl.Node`` listening on ``/ip4/<ip>/tcp/0`` (with
-``--initial-peer`` as its initial peer) prints ``{"event": "listening",
+``--initial-peer`` as its initial peer) sends ``{"event": "listening",
 "addr"}`` and waits for a connection; then a ``p2pdl.Optimizer`` (DeDLOC
 mode, the given ``--target``, AdamW) reports a first count of 0 and waits
 until its progress view holds both peers: ``{"event": "ready"}``.  Each
 matchmaking and all-reduce call the optimizer makes is timed (``instrument``).
 After ``go``: the same loop with ``opt.step()`` until the optimizer's epoch
 reaches ``1 + --epochs`` (epoch 0 is the warm-up epoch).  Every call of
-``step`` that started, finished or skipped a round prints ``{"event":
+``step`` that started, finished or skipped a round sends ``{"event":
 "epoch", ...}``; at the end (after ``opt.close()``, which finishes a
 background round with ``--delay-updates``) ``{"event": "result", ...}`` with
 the measured window: from the return of the ``step`` call that took the
 optimizer to epoch 1 to the return of the one that took it to ``1 +
 --epochs``, the samples passed to ``step`` in between, and where the time
-went.  Then it waits for ``stop`` (or EOF) on stdin before shutting its node
+went.  Then it waits for ``stop`` (or the end of stdin) before shutting its node
 down, so that no peer leaves while the other may still need it.
 
 Every wait is bounded by ``--timeout`` (seconds for the whole process); on
@@ -44,14 +44,13 @@ error ``{"event": "fatal", "error"}``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import threading
 import time
 from typing import Any
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from simulations import _harness as harness
+from simulations._harness import process_cpu_s, thread_cpu_s
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -84,11 +83,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def emit(message: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(message) + "\n")
-    sys.stdout.flush()
-
-
 _T0 = time.time()
 
 
@@ -96,43 +90,14 @@ def log(*parts: object) -> None:
     print(f"[{time.time() - _T0:6.2f} s]", *parts, file=sys.stderr, flush=True)
 
 
-class Timeout(Exception):
-    pass
-
-
-def wait_line(expected: str, deadline: float) -> None:
-    """One line from the parent, waited for at most until ``deadline``."""
-    got: list[str] = []
-    reader = threading.Thread(target=lambda: got.append(sys.stdin.readline()), daemon=True)
-    reader.start()
-    reader.join(max(0.0, deadline - time.time()))
-    if not got:
-        raise Timeout(f"no {expected!r} from the parent in time")
-    line = got[0]
-    if not line or line.strip() == "stop":
-        raise SystemExit(0 if expected == "stop" else "released with stop/EOF")
-    if line.strip() != expected:
-        raise RuntimeError(f"expected {expected!r} from the parent, got {line.strip()!r}")
+def wait_command(expected: str, deadline: float) -> None:
+    """The parent's command ``expected``, waited for at most until ``deadline``."""
+    harness.wait_command(expected, timeout=max(0.0, deadline - time.time()))
 
 
 def check_deadline(deadline: float, what: str) -> None:
     if time.time() > deadline:
-        raise Timeout(f"timed out {what}")
-
-
-def thread_cpu_s() -> dict[str, float]:
-    """CPU seconds (user + system) of each thread of this process, by thread name."""
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    out: dict[str, float] = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        name = names.get(int(tid), "other")
-        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return out
+        raise TimeoutError(f"timed out {what}")
 
 
 def cpu_delta(a: dict[str, float], b: dict[str, float], total: float) -> dict[str, float]:
@@ -196,10 +161,10 @@ def run_solo(args: argparse.Namespace) -> None:
         model.loss(next(batches)).backward()
         inner.step()
         inner.zero_grad()
-    emit({"event": "ready", "rank": args.rank, "params": params,
-          "affinity": sorted(os.sched_getaffinity(0)), "priority": args.priority})
-    wait_line("go", args.deadline)
-    cpu0, proc0 = thread_cpu_s(), time.process_time()
+    harness.emit("ready", rank=args.rank, params=params,
+                 affinity=sorted(os.sched_getaffinity(0)), priority=args.priority)
+    wait_command("go", args.deadline)
+    cpu0, proc0 = thread_cpu_s(), process_cpu_s()
     start = time.time()
     end = start + args.duration
     samples = steps = 0
@@ -219,13 +184,14 @@ def run_solo(args: argparse.Namespace) -> None:
         steps += 1
         losses.append(float(loss.detach()))
     seconds = time.time() - start
-    emit({"event": "result", "rank": args.rank, "mode": "solo", "samples": samples,
-          "steps": steps, "seconds": seconds, "samples_s": samples / seconds,
-          "step_s": seconds / max(1, steps), "params": params, "compute_s": compute_s,
-          "compute_cpu_s": compute_cpu_s,
-          "cpu_s": time.process_time() - proc0,
-          "cpu_threads_s": cpu_delta(cpu0, thread_cpu_s(), time.process_time() - proc0),
-          "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None})
+    harness.emit("result", rank=args.rank, mode="solo", samples=samples,
+                 steps=steps, seconds=seconds, samples_s=samples / seconds,
+                 step_s=seconds / max(1, steps), params=params, compute_s=compute_s,
+                 compute_cpu_s=compute_cpu_s,
+                 cpu_s=process_cpu_s() - proc0,
+                 cpu_threads_s=cpu_delta(cpu0, thread_cpu_s(), process_cpu_s() - proc0),
+                 loss_first=losses[0] if losses else None,
+                 loss_last=losses[-1] if losses else None)
 
 
 def run_swarm(args: argparse.Namespace) -> None:
@@ -241,8 +207,7 @@ def run_swarm(args: argparse.Namespace) -> None:
                       start_timeout=max(1.0, min(60.0, args.deadline - time.time())))
     try:
         addr = next(a for a in node.addrs if a.startswith(f"/ip4/{args.ip}/"))
-        emit({"event": "listening", "rank": args.rank, "addr": addr,
-              "peer_id": str(node.peer_id)})
+        harness.emit("listening", rank=args.rank, addr=addr, peer_id=str(node.peer_id))
         log(f"rank {args.rank}: listening at {addr}")
         # Track the run only once the two nodes are connected, so that each one's first
         # progress snapshot lands in the other's DHT (alone, a node's store reaches
@@ -257,7 +222,7 @@ def run_swarm(args: argparse.Namespace) -> None:
             train_swarm(args, node, opt, model, batches, params, calls)
         finally:
             opt.close()
-        wait_line("stop", args.deadline)
+        wait_command("stop", args.deadline)
     finally:
         node.shutdown()
 
@@ -310,10 +275,10 @@ def train_swarm(args: argparse.Namespace, node: Any, opt: Any, model: Any, batch
         time.sleep(0.1)
         opt.step(batch_size=0)
     log(f"rank {args.rank}: both peers in the progress view")
-    emit({"event": "ready", "rank": args.rank, "params": params,
-          "affinity": sorted(os.sched_getaffinity(0)), "priority": args.priority,
-          "client_mode": node.client_mode, "reachability": str(node.reachability)})
-    wait_line("go", args.deadline)
+    harness.emit("ready", rank=args.rank, params=params,
+                 affinity=sorted(os.sched_getaffinity(0)), priority=args.priority,
+                 client_mode=node.client_mode, reachability=str(node.reachability))
+    wait_command("go", args.deadline)
     began = time.time()
     final = 1 + args.epochs
     # the measured window: (time, samples, cpu) at epoch 1 and at epoch `final`
@@ -365,43 +330,45 @@ def train_swarm(args: argparse.Namespace, node: Any, opt: Any, model: Any, batch
                     "group_size": info.group_size if info else None,
                     "error": info.error if info else None}
             round_calls.append(call)
-            emit({"event": "epoch", "rank": args.rank, "epoch": opt.local_epoch,
-                  "t": t2, "step_s": round(t2 - t1, 3),
-                  "outcome": call["outcome"], "round_s": call["round_s"]})
+            harness.emit("epoch", rank=args.rank, epoch=opt.local_epoch, t=t2,
+                         step_s=round(t2 - t1, 3), outcome=call["outcome"],
+                         round_s=call["round_s"])
         if window_start is None and opt.local_epoch >= 1:
             window_start = {"t": t2, "samples": samples_total, "cpu": thread_cpu_s(),
-                            "proc": time.process_time(), "statistics": opt.statistics()}
+                            "proc": process_cpu_s(), "statistics": opt.statistics()}
         if opt.local_epoch >= final:
             window_end = {"t": t2, "samples": samples_total, "cpu": thread_cpu_s(),
-                          "proc": time.process_time()}
+                          "proc": process_cpu_s()}
     assert window_start is not None and window_end is not None
     close_start = time.time()
     opt.close()  # finishes a background round (delay_updates)
     close_s = time.time() - close_start
     seconds = window_end["t"] - window_start["t"]
     window_rounds = [c for c in round_calls if c["in_window"]]
-    emit({"event": "result", "rank": args.rank, "mode": "swarm",
-          "delay_updates": args.delay_updates, "params": params,
-          "t_go_to_end_s": window_end["t"] - began,
-          "t_start": window_start["t"], "t_end": window_end["t"], "seconds": seconds,
-          "samples": samples_in_window, "steps": steps_in_window,
-          "samples_s": samples_in_window / seconds if seconds > 0 else None,
-          "compute_s": compute_seconds, "compute_cpu_s": compute_cpu_seconds,
-          "step_calls_s": step_seconds,
-          "round_calls_s": sum(c["step_s"] for c in window_rounds
-                               if "round" in c["kinds"] or "finish" in c["kinds"]),
-          "sync_calls_s": sum(c["step_s"] for c in window_rounds
-                              if "sync" in c["kinds"] and "round" not in c["kinds"]
-                              and "finish" not in c["kinds"]),
-          "round_calls": round_calls, "close_s": close_s,
-          "statistics": opt.statistics(), "statistics_at_start": window_start["statistics"],
-          "network_calls": [{**c, "in_window": window_start["t"] <= c["t_start"]
-                             <= window_end["t"]} for c in list(calls)],
-          "cpu_s": window_end["proc"] - window_start["proc"],
-          "cpu_threads_s": cpu_delta(window_start["cpu"], window_end["cpu"],
-                                     window_end["proc"] - window_start["proc"]),
-          "loss_first": losses[0] if losses else None,
-          "loss_last": losses[-1] if losses else None})
+    result = {
+        "rank": args.rank, "mode": "swarm",
+        "delay_updates": args.delay_updates, "params": params,
+        "t_go_to_end_s": window_end["t"] - began,
+        "t_start": window_start["t"], "t_end": window_end["t"], "seconds": seconds,
+        "samples": samples_in_window, "steps": steps_in_window,
+        "samples_s": samples_in_window / seconds if seconds > 0 else None,
+        "compute_s": compute_seconds, "compute_cpu_s": compute_cpu_seconds,
+        "step_calls_s": step_seconds,
+        "round_calls_s": sum(c["step_s"] for c in window_rounds
+                             if "round" in c["kinds"] or "finish" in c["kinds"]),
+        "sync_calls_s": sum(c["step_s"] for c in window_rounds
+                            if "sync" in c["kinds"] and "round" not in c["kinds"]
+                            and "finish" not in c["kinds"]),
+        "round_calls": round_calls, "close_s": close_s,
+        "statistics": opt.statistics(), "statistics_at_start": window_start["statistics"],
+        "network_calls": [{**c, "in_window": window_start["t"] <= c["t_start"]
+                           <= window_end["t"]} for c in list(calls)],
+        "cpu_s": window_end["proc"] - window_start["proc"],
+        "cpu_threads_s": cpu_delta(window_start["cpu"], window_end["cpu"],
+                                   window_end["proc"] - window_start["proc"]),
+        "loss_first": losses[0] if losses else None,
+        "loss_last": losses[-1] if losses else None}
+    harness.emit("result", **result)
 
 
 COUNTERS = ("rounds", "averaged", "partial", "alone", "failed", "state_syncs",
@@ -430,16 +397,11 @@ def main() -> None:
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"rank {args.rank} %(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
+    with harness.reporting(rank=args.rank):
         if args.mode == "solo":
             run_solo(args)
         else:
             run_swarm(args)
-    except SystemExit:
-        raise
-    except BaseException as exc:
-        emit({"event": "fatal", "rank": args.rank, "error": f"{type(exc).__name__}: {exc}"})
-        raise
 
 
 if __name__ == "__main__":

@@ -38,47 +38,46 @@ cannot run gets ``median_s: null`` and its ``note`` says why.
 Parent <-> worker protocol (the same for every system)
 -------------------------------------------------------
 
-The parent runs, from the repository root, in a process group of its own::
+Events and commands of simulations/_harness.py (JSON lines: events on the
+worker's stdout, commands on its stdin; stderr goes to a log file).  The
+parent runs, from the repository root, each worker in a process group of its
+own (hivemind's daemons with it)::
 
     <python> -m simulations._<system>_allreduce --rank I --peers N --rounds R \
-        --codec none|fp16 --numel M --rendezvous DIR --timeout S
+        --codec none|fp16 --numel M --timeout S
 
 ``I`` in 0..N-1; ``R`` timed rounds, so the worker runs rounds 0 (warm-up)
-to R; ``DIR`` an empty directory all N workers share, to exchange addresses
-(``Worker.publish`` / ``Worker.collect`` write and read ``rank-I.json``);
-``S`` the seconds left for the whole run (the parent kills the process
-group at that deadline anyway).  stderr goes to a log file; stdout carries
-one JSON object per line (other lines are ignored).  For each round r:
+to R; ``S`` the seconds left for the whole run (every wait of the worker
+ends then; the parent kills the process groups at its own deadline anyway).
+First the workers exchange what a system needs (addresses, a port) through
+the parent: ``Worker.exchange(info)`` sends ``{"event": "address", "info":
+...}`` and returns every worker's info, in rank order, from the parent's
+``peers`` command.  Then for each round r:
 
 1. ``{"event": "ready", "round": r, "rank": I}`` -- inputs ready (connections
-   too, for r = 0).  The worker then reads one line on stdin: ``go``.
+   too, for r = 0).  The worker then waits for the command ``go``.
 2. ``{"event": "done", "round": r, "rank": I, "t_start": t0, "t_end": t1,
    "error": null | "why"}`` (optionally ``"note": "..."``, copied into the
    row's note) -- ``time.time()`` at the go and when the averaged tensors
-   are in hand.  The worker then reads one line: ``next`` (all N are done).
+   are in hand.  The worker then waits for ``next`` (all N are done).
 3. ``{"event": "result", "round": r, "rank": I, "max_err": e | null,
    "tol": tol, "ok": bool}`` -- the check against the truth.
 
 A fatal error: ``{"event": "fatal", "rank": I, "error": "why"}`` and exit.
-EOF or ``stop`` on stdin means stop.  ``simulations._allreduce_common.Worker``
-implements the worker's side (``prepare``, ``ready``, ``done``, ``check``;
-``ready`` and ``done`` block on stdin: async workers call them from a
-thread so the event loop keeps serving peers); see _gloo_allreduce.py for
-the smallest worker.
+``stop`` or the end of stdin means stop.  ``simulations._allreduce_common.Worker``
+implements the worker's side (``exchange``, ``prepare``, ``ready``, ``done``,
+``check``; ``exchange``, ``ready`` and ``done`` block on stdin: async workers
+call them from a thread so the event loop keeps serving peers); see
+_gloo_allreduce.py for the smallest worker.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import queue
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -88,111 +87,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from simulations._baselines import HIVEMIND_VERSION, hivemind_python  # noqa: E402
+from simulations._harness import RunFailed, Supervisor  # noqa: E402
 
 SYSTEMS = ("p2pdl", "hivemind", "gloo")
 EXIT_GRACE = 10.0  # seconds workers get to exit by themselves after the last round
-
-
-class RunFailed(Exception):
-    pass
-
-
-class Workers:
-    """N worker processes, each in a process group of its own (their daemons with them)."""
-
-    def __init__(self, command: list[str], peers: int, rounds: int, codec: str, numel: int,
-                 timeout: float, log_dir: Path, env: dict[str, str] | None = None) -> None:
-        self.peers, self.deadline = peers, time.time() + timeout
-        self.rendezvous = Path(tempfile.mkdtemp(prefix="rendezvous-", dir=log_dir))
-        self.events: queue.Queue[tuple[int, dict[str, Any] | None]] = queue.Queue()
-        self.seen: dict[tuple[str, int], dict[int, dict[str, Any]]] = {}
-        self.procs: list[subprocess.Popen[str]] = []
-        self.logs = [log_dir / f"rank-{i}.log" for i in range(peers)]
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-        for rank in range(peers):
-            argv = [*command, "--rank", str(rank), "--peers", str(peers), "--rounds", str(rounds),
-                    "--codec", codec, "--numel", str(numel), "--rendezvous", str(self.rendezvous),
-                    "--timeout", f"{timeout:.0f}"]
-            with self.logs[rank].open("w") as stderr:
-                proc = subprocess.Popen(argv, cwd=ROOT, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, stderr=stderr, text=True,
-                                        bufsize=1, env=full_env, start_new_session=True)
-            self.procs.append(proc)
-            threading.Thread(target=self._read, args=(rank, proc), daemon=True).start()
-
-    def _read(self, rank: int, proc: subprocess.Popen[str]) -> None:
-        from simulations._allreduce_common import forward_events  # imports torch: lazily
-
-        assert proc.stdout is not None
-        forward_events(rank, proc.stdout, self.events)
-
-    def wait_all(self, event: str, round_: int) -> dict[int, dict[str, Any]]:
-        """Every worker's ``event`` for ``round_`` (bounded by the run's deadline)."""
-        key = (event, round_)
-        while len(self.seen.get(key, {})) < self.peers:
-            left = self.deadline - time.time()
-            if left <= 0:
-                have = sorted(self.seen.get(key, {}))
-                raise RunFailed(f"timed out waiting for '{event}' of round {round_} "
-                                f"(from ranks {have} only)")
-            try:
-                rank, message = self.events.get(timeout=left)
-            except queue.Empty:
-                continue
-            if message is None:
-                raise RunFailed(f"rank {rank} exited (status {self.procs[rank].poll()}) "
-                                f"before '{event}' of round {round_}: {self.tail(rank)}")
-            if message.get("event") == "fatal":
-                raise RunFailed(f"rank {rank}: {message.get('error')}")
-            self.seen.setdefault((message.get("event", ""), message.get("round", -1)),
-                                 {})[rank] = message
-        return self.seen[key]
-
-    def release(self, word: str) -> float:
-        """Write ``word`` to every worker; returns time.time() just before the first write."""
-        now = time.time()
-        for proc in self.procs:
-            assert proc.stdin is not None
-            proc.stdin.write(word + "\n")
-            proc.stdin.flush()
-        return now
-
-    def tail(self, rank: int, lines: int = 2) -> str:
-        try:
-            text = self.logs[rank].read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return ""
-        return " | ".join(line[:300] for line in text[-lines:])
-
-    def close(self) -> None:
-        """Let the workers exit (bounded), then kill every process group that is left."""
-        for proc in self.procs:
-            try:
-                if proc.stdin is not None:
-                    proc.stdin.close()
-            except OSError:
-                pass
-        end = time.time() + EXIT_GRACE
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=max(0.1, end - time.time()))
-            except subprocess.TimeoutExpired:
-                pass
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            alive = False
-            for proc in self.procs:
-                try:  # the group: the worker and what it started (hivemind's p2pd)
-                    os.killpg(proc.pid, sig)
-                    alive = True
-                except (ProcessLookupError, PermissionError):
-                    pass
-            if alive and sig == signal.SIGTERM:
-                time.sleep(2.0)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 def run_workers(command: list[str], peers: int, codec: str, rounds: int, numel: int,
@@ -200,7 +98,6 @@ def run_workers(command: list[str], peers: int, codec: str, rounds: int, numel: 
                 ) -> dict[str, Any]:
     """Run one system's workers through the protocol; the row's measured fields."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    workers = Workers(command, peers, rounds, codec, numel, timeout, log_dir, env)
     round_s: list[float] = []
     correct = 0
     max_err: float | None = 0.0
@@ -208,33 +105,39 @@ def run_workers(command: list[str], peers: int, codec: str, rounds: int, numel: 
     errors: list[str] = []
     notes: list[str] = []
     try:
-        for r in range(rounds + 1):
-            workers.wait_all("ready", r)
-            released = workers.release("go")
-            done = workers.wait_all("done", r)
-            workers.release("next")
-            results = workers.wait_all("result", r)
-            if r == 0:
-                continue  # the warm-up
-            round_s.append(max(d["t_end"] for d in done.values()) - released)
-            errors += [f"round {r} rank {i}: {d['error']}" for i, d in sorted(done.items())
-                       if d.get("error")]
-            notes += [f"round {r} rank {i}: {d['note']}" for i, d in sorted(done.items())
-                      if d.get("note")]
-            ok = all(res["ok"] and not done[i].get("error") for i, res in results.items())
-            correct += ok
-            errs = [res["max_err"] for res in results.values()]
-            max_err = None if max_err is None or None in errs else max(max_err, *errs)
-            tol = max(tol, *(res["tol"] for res in results.values()))
-            print(f"bench:   round {r}: {round_s[-1]:.3f} s, "
-                  f"{'correct' if ok else 'WRONG'} (max err {max(e or 0.0 for e in errs):.3g}"
-                  f"{', a peer failed' if None in errs else ''}, tol {tol:.3g})", file=sys.stderr)
+        with Supervisor(log_dir=log_dir, timeout=timeout, exit_grace=EXIT_GRACE) as workers:
+            for rank in range(peers):
+                workers.start([*command, "--rank", str(rank), "--peers", str(peers),
+                               "--rounds", str(rounds), "--codec", codec, "--numel", str(numel),
+                               "--timeout", f"{timeout:.0f}"], env=env)
+            workers.exchange()
+            for r in range(rounds + 1):
+                workers.wait_all("ready", round=r)
+                released = workers.send("go")
+                done = workers.wait_all("done", round=r)
+                workers.send("next")
+                results = workers.wait_all("result", round=r)
+                if r == 0:
+                    continue  # the warm-up
+                round_s.append(max(d["t_end"] for d in done.values()) - released)
+                errors += [f"round {r} rank {i}: {d['error']}" for i, d in sorted(done.items())
+                           if d.get("error")]
+                notes += [f"round {r} rank {i}: {d['note']}" for i, d in sorted(done.items())
+                          if d.get("note")]
+                ok = all(res["ok"] and not done[i].get("error") for i, res in results.items())
+                correct += ok
+                errs = [res["max_err"] for res in results.values()]
+                max_err = None if max_err is None or None in errs else max(max_err, *errs)
+                tol = max(tol, *(res["tol"] for res in results.values()))
+                print(f"bench:   round {r}: {round_s[-1]:.3f} s, "
+                      f"{'correct' if ok else 'WRONG'} (max err "
+                      f"{max(e or 0.0 for e in errs):.3g}"
+                      f"{', a peer failed' if None in errs else ''}, tol {tol:.3g})",
+                      file=sys.stderr)
     except RunFailed as exc:
         note = f"{exc} (logs: {log_dir})"
         return {"round_s": round_s, "correct_rounds": correct, "max_err": max_err, "tol": tol,
                 "failed": note, "errors": errors[:5], "notes": notes[:5]}
-    finally:
-        workers.close()
     out: dict[str, Any] = {"round_s": round_s, "correct_rounds": correct, "max_err": max_err,
                            "tol": tol}
     out["errors"], out["notes"] = errors[:5], notes[:5]

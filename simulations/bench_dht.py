@@ -24,8 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -36,10 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from p2pdl.testing import open_swarm_agents  # noqa: E402
 from simulations._baselines import HIVEMIND_VERSION, hivemind_python  # noqa: E402
+from simulations._harness import RunFailed, Supervisor  # noqa: E402
 
-HERE = Path(__file__).resolve().parent
 TTL = 900.0  # seconds: nothing expires during the run
 HIVEMIND_TIMEOUT = 1200.0  # seconds for hivemind's whole part
+HIVEMIND_EXIT_GRACE = 30.0  # seconds for its process to exit once it sent its result
 
 
 def make_plan(nodes: int, records: int, seed: int) -> list[dict[str, Any]]:
@@ -84,20 +85,20 @@ def run_hivemind(plan: list[dict[str, Any]], nodes: int,
     python, why = hivemind_python()
     if python is None:
         return None, why
-    log = Path(f"/tmp/p2pdl-bench-dht-hivemind-{time.strftime('%Y%m%d-%H%M%S')}.log")
+    log_dir = Path(tempfile.gettempdir()) / \
+        f"p2pdl-bench-dht-hivemind-{time.strftime('%Y%m%d-%H%M%S')}"
+    log_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with log.open("w") as stderr:
-            done = subprocess.run([str(python), str(HERE / "_hivemind_dht.py"), "--nodes",
-                                   str(nodes), "--settle", str(settle)],
-                                  input=json.dumps(plan), stdout=subprocess.PIPE, stderr=stderr,
-                                  text=True, timeout=HIVEMIND_TIMEOUT)
-    except subprocess.TimeoutExpired:
-        return None, f"hivemind's run did not finish within {HIVEMIND_TIMEOUT:.0f} s (log: {log})"
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        tail = log.read_text().strip().splitlines()[-2:]
-        return None, f"hivemind's run failed (status {done.returncode}): {' | '.join(tail)}"
-    return json.loads(lines[-1]), ""
+        # Its own session, signalled whole: every DHT process and Go daemon goes at the end.
+        with Supervisor(name="hivemind", log_dir=log_dir, timeout=HIVEMIND_TIMEOUT,
+                        exit_grace=HIVEMIND_EXIT_GRACE) as child:
+            child.start([str(python), "-m", "simulations._hivemind_dht", "--nodes", str(nodes),
+                         "--settle", str(settle)])
+            child.send("run", plan=plan)
+            result = child.wait_all("result")[0]
+    except RunFailed as exc:
+        return None, f"hivemind's run failed: {exc} (logs: {log_dir})"
+    return {"startup_s": result["startup_s"], "results": result["results"]}, ""
 
 
 def percentile(values: list[float], q: float) -> float:

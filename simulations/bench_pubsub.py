@@ -64,7 +64,6 @@ import os
 import random
 import statistics
 import struct
-import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -76,10 +75,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from simulations import _harness as harness  # noqa: E402
+from simulations._harness import CpuMeter, CpuSample, RunFailed  # noqa: E402
+
 SYSTEMS = ("floodsub", "gossipsub_default", "gossipsub_tuned", "p2pdl_push")
 TOPIC = "p2pdl-bench-progress"
-RESULT_PREFIX = "RESULT "
-FAILED_PREFIX = "FAILED "
 HEADER = struct.Struct("<IId")  # sender index, sequence number, send time
 
 GOSSIPSUB_DEFAULT = {"degree": 6, "degree_low": 5, "degree_high": 12, "heartbeat_interval": 1.0,
@@ -184,7 +184,7 @@ async def drive(peers: int, rate: float, warmup: float, duration: float, drain: 
     start = trio.current_time() + 0.2
     measure_from = start + warmup
     stop = measure_from + duration
-    window: dict[str, dict[str, float]] = {}
+    window: dict[str, tuple[dict[str, float], CpuSample]] = {}
     lag: list[float] = []
     rng = random.Random(int(rate * 1000) + peers)
 
@@ -198,8 +198,10 @@ async def drive(peers: int, rate: float, warmup: float, duration: float, drain: 
             seq += 1
             at += period
 
-    def read() -> dict[str, float]:
-        return {**counters(), "cpu_s": time.process_time(), "wall_s": time.perf_counter()}
+    meter = CpuMeter()  # this process: every peer of the system
+
+    def read() -> tuple[dict[str, float], CpuSample]:
+        return counters(), meter.sample()
 
     async def window_task() -> None:
         await trio.sleep_until(measure_from)
@@ -218,8 +220,9 @@ async def drive(peers: int, rate: float, warmup: float, duration: float, drain: 
         await trio.sleep(0.05)
     messages = len(recorder.measured)
     expected = messages * (peers - 1)
-    delta = {k: window["stop"][k] - window["start"][k] for k in window["start"]}
-    cpu_s, wall_s = delta.pop("cpu_s"), delta.pop("wall_s")
+    (counters0, cpu0), (counters1, cpu1) = window["start"], window["stop"]
+    delta = {k: counters1[k] - counters0[k] for k in counters0}
+    usage = cpu1.usage_since(cpu0)
     lat = recorder.latencies
     result: dict[str, Any] = {
         "rate_per_peer": rate, "swarm_rate": rate * peers, "messages": messages,
@@ -238,8 +241,9 @@ async def drive(peers: int, rate: float, warmup: float, duration: float, drain: 
     result["publishes"] = publishes
     result.update({
         # CPU of the whole process (every peer, one GIL) over the window: 1.0 = one core busy
-        "process_cpu_fraction": round(cpu_s / wall_s, 2),
-        "cpu_ms_per_message": round(1000 * cpu_s / messages, 2) if messages else None,
+        "process_cpu_fraction": round(usage.core_fraction, 2),
+        "cpu_ms_per_message": round(1000 * usage.total_cpu_s / messages, 2)
+        if messages else None,
         "publish_lag_p99_ms": _ms(_quantile(lag, 0.99)),
     })
     for key, value in delta.items():
@@ -401,7 +405,7 @@ async def run_pubsub(system: str, args: argparse.Namespace) -> dict[str, Any]:
 
             await run_rates(args, out, 0, publish, recorder, counters, finish)
             nursery.cancel_scope.cancel()
-        _emit(out)
+        harness.emit("result", result=out)
         # Connections first: a Pubsub stopped while its streams still deliver raises
         # from py-libp2p's stream handlers ("Nursery is closed to new arrivals").
         await _close_all(host.libp2p for host in hosts)
@@ -462,10 +466,11 @@ async def _wait(predicate: Callable[[], bool], timeout: float) -> float:
 async def settle(timeout: float, busy: float = 0.25) -> float:
     """Wait until the process uses under ``busy`` of a core (setup traffic over); seconds waited."""
     start = trio.current_time()
+    meter = CpuMeter()
     while trio.current_time() - start < timeout:
-        cpu = time.process_time()
+        before = meter.sample()
         await trio.sleep(0.5)
-        if (time.process_time() - cpu) / 0.5 < busy:
+        if meter.sample().usage_since(before).core_fraction < busy:
             break
     return trio.current_time() - start
 
@@ -534,16 +539,11 @@ async def run_p2pdl(args: argparse.Namespace) -> dict[str, Any]:
                     result.pop("dht_bytes_sent") / n / (args.duration / 60))
 
             await run_rates(args, out, 1, publish, recorder, counters, finish)
-            _emit(out)
+            harness.emit("result", result=out)
     return out
 
 
 # -- driver ------------------------------------------------------------------------
-
-
-def _emit(result: dict[str, Any]) -> None:
-    """Print the child's result at once, before the teardown (which may be slow)."""
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 
 def child_main(args: argparse.Namespace) -> None:
@@ -554,17 +554,8 @@ def child_main(args: argparse.Namespace) -> None:
         with trio.fail_after(args.child_timeout):
             await runner
 
-    try:
+    with harness.reporting():  # a failure is sent as fatal; the exit status says it too
         trio.run(bounded)
-    except BaseException as exc:  # noqa: BLE001  # reported, then the exit status says it
-        print(f"{FAILED_PREFIX}{_first_line(exc)}", flush=True)
-        raise
-
-
-def _first_line(exc: BaseException) -> str:
-    while getattr(exc, "exceptions", None):  # an exception group: its first leaf
-        exc = exc.exceptions[0]  # type: ignore[attr-defined]
-    return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
 
 
 def run_child(system: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -578,27 +569,25 @@ def run_child(system: str, args: argparse.Namespace) -> dict[str, Any]:
                "--collapse", str(args.collapse), *(["--no-skip"] if args.no_skip else []),
                "--child-timeout", str(budget)]
     started = time.time()
-    note = None
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=budget + 30)
-        stdout, stderr, code = done.stdout, done.stderr, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        code = None
-        note = f"killed after {budget + 30:.0f} s"
-    lines = [line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)]
-    failed = [line[len(FAILED_PREFIX):] for line in stdout.splitlines()
-              if line.startswith(FAILED_PREFIX)]
-    why = note or (failed[-1] if failed else f"exit status {code}")
-    if lines:
-        result = json.loads(lines[-1][len(RESULT_PREFIX):])
-        if code != 0:
-            result["note"] = f"measured; the teardown then failed: {why}"
-    else:
-        tail = " | ".join(stderr.strip().splitlines()[-2:])
-        result = {_rate_key(r): None for r in args.rates}
-        result["note"] = f"no result: {why} ({tail})"[:600]
+    limit = budget + 30
+    with harness.Supervisor(name=f"bench_pubsub {system}", timeout=limit,
+                            exit_grace=1.0) as child:
+        child.start(command)
+        try:
+            result = child.wait_all("result")[0]["result"]
+        except RunFailed as exc:
+            result = {_rate_key(r): None for r in args.rates}
+            result["note"] = f"no result: {exc}"[:600]
+        else:
+            try:
+                code = child.wait_exit()[0]
+                failed = child.find(0, "fatal")
+                why = None if code == 0 else failed["error"] if failed \
+                    else f"exit status {code}"
+            except RunFailed:
+                why = f"killed after {limit:.0f} s"
+            if why:
+                result["note"] = f"measured; the teardown then failed: {why}"
     result["process_s"] = round(time.time() - started, 1)
     return result
 

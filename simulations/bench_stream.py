@@ -15,18 +15,20 @@ import argparse
 import functools
 import json
 import os
-import resource
 import statistics
 import struct
-import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Annotated
 
 import trio
 
-import p2pdl
-from p2pdl.wire import MaxLen, Message, MessageSet, RpcProtocol, TensorChunk
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import p2pdl  # noqa: E402
+from p2pdl.wire import MaxLen, Message, MessageSet, RpcProtocol, TensorChunk  # noqa: E402
+from simulations import _harness as harness  # noqa: E402
 
 LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
 SINK = "/bench/sink/1.0.0"  # p2pdl framed stream: tensor frames in, a Done message out
@@ -46,11 +48,8 @@ class Echo(Message, tag="echo"):
 
 ECHO = RpcProtocol.define("/bench/echo/1.0.0", [Echo], [Echo])
 DONE_SET = MessageSet(Done)
-
-
-def cpu_seconds() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+SERVER_START_TIMEOUT = 60.0  # seconds for the server process to listen
+cpu_seconds = harness.process_cpu_s  # this process's user + system CPU seconds
 
 
 # -- server process ----------------------------------------------------------------
@@ -112,8 +111,10 @@ async def serve() -> None:
         listeners = await nursery.start(
             functools.partial(trio.serve_tcp, tcp_sink, 0, host="127.0.0.1"))
         port = listeners[0].socket.getsockname()[1]
-        print(json.dumps({"addr": node.addrs[0], "tcp_port": port}), flush=True)
-        await trio.sleep_forever()
+        harness.emit("listening", addr=node.addrs[0], tcp_port=port)
+        # Serve until the parent says stop or is gone (the end of stdin).
+        await trio.to_thread.run_sync(harness.wait_command, "stop", abandon_on_cancel=True)
+        nursery.cancel_scope.cancel()
 
 
 # -- client ------------------------------------------------------------------------
@@ -212,43 +213,37 @@ async def run_libp2p_rtt(node, peer, calls: int) -> float:
     return samples[len(samples) // 2]
 
 
-async def client(args: argparse.Namespace) -> dict:
-    server = subprocess.Popen([sys.executable, __file__, "--serve"], stdout=subprocess.PIPE,
-                              text=True)
-    try:
-        info = json.loads(server.stdout.readline())
-        total = args.mib * MiB
-        results: dict[str, list[float]] = {k: [] for k in
-                                           ("p2pdl", "p2pdl8", "libp2p", "tcp", "cpu")}
-        async with p2pdl.open_node(listen=LOOPBACK) as node:
-            peer = await node.connect(info["addr"])
-            for _ in range(args.repeats):
-                mib_s, cpu = await run_p2pdl(node, peer, total, 1)
-                results["p2pdl"].append(mib_s)
-                results["cpu"].append(cpu)
-                results["libp2p"].append(await run_libp2p(node, peer, total))
-                results["p2pdl8"].append((await run_p2pdl(node, peer, total, 8))[0])
-                results["tcp"].append(await run_tcp(info["tcp_port"], total))
-            rtt_p50, rtt_p99 = await run_rtt(node, peer, args.calls)
-            libp2p_rtt = await run_libp2p_rtt(node, peer, args.calls)
-        med = {k: statistics.median(v) for k, v in results.items()}
-        return {
-            "mib_per_case": args.mib,
-            "repeats": args.repeats,
-            "p2pdl_mib_s": round(med["p2pdl"], 1),
-            "p2pdl_8streams_mib_s": round(med["p2pdl8"], 1),
-            "libp2p_mib_s": round(med["libp2p"], 1),
-            "raw_tcp_mib_s": round(med["tcp"], 1),
-            "ratio_vs_libp2p": round(med["p2pdl"] / med["libp2p"], 3),
-            "rtt_p50_ms": round(rtt_p50, 3),
-            "rtt_p99_ms": round(rtt_p99, 3),
-            "libp2p_rtt_p50_ms": round(libp2p_rtt, 3),
-            "cpu_s_per_gib": round(med["cpu"], 2),
-            "samples": {k: [round(x, 1) for x in v] for k, v in results.items()},
-        }
-    finally:
-        server.kill()
-        server.wait()
+async def client(args: argparse.Namespace, info: dict) -> dict:
+    """Every case against the server listening at ``info`` (its ``listening`` event)."""
+    total = args.mib * MiB
+    results: dict[str, list[float]] = {k: [] for k in
+                                       ("p2pdl", "p2pdl8", "libp2p", "tcp", "cpu")}
+    async with p2pdl.open_node(listen=LOOPBACK) as node:
+        peer = await node.connect(info["addr"])
+        for _ in range(args.repeats):
+            mib_s, cpu = await run_p2pdl(node, peer, total, 1)
+            results["p2pdl"].append(mib_s)
+            results["cpu"].append(cpu)
+            results["libp2p"].append(await run_libp2p(node, peer, total))
+            results["p2pdl8"].append((await run_p2pdl(node, peer, total, 8))[0])
+            results["tcp"].append(await run_tcp(info["tcp_port"], total))
+        rtt_p50, rtt_p99 = await run_rtt(node, peer, args.calls)
+        libp2p_rtt = await run_libp2p_rtt(node, peer, args.calls)
+    med = {k: statistics.median(v) for k, v in results.items()}
+    return {
+        "mib_per_case": args.mib,
+        "repeats": args.repeats,
+        "p2pdl_mib_s": round(med["p2pdl"], 1),
+        "p2pdl_8streams_mib_s": round(med["p2pdl8"], 1),
+        "libp2p_mib_s": round(med["libp2p"], 1),
+        "raw_tcp_mib_s": round(med["tcp"], 1),
+        "ratio_vs_libp2p": round(med["p2pdl"] / med["libp2p"], 3),
+        "rtt_p50_ms": round(rtt_p50, 3),
+        "rtt_p99_ms": round(rtt_p99, 3),
+        "libp2p_rtt_p50_ms": round(libp2p_rtt, 3),
+        "cpu_s_per_gib": round(med["cpu"], 2),
+        "samples": {k: [round(x, 1) for x in v] for k, v in results.items()},
+    }
 
 
 def main() -> None:
@@ -264,7 +259,11 @@ def main() -> None:
         except KeyboardInterrupt:
             pass
         return
-    print(json.dumps(trio.run(client, args), indent=2))
+    with harness.Supervisor(name="bench_stream server", exit_grace=5.0) as server:
+        server.start([sys.executable, str(Path(__file__).resolve()), "--serve"])
+        info = server.wait_all("listening", limit=SERVER_START_TIMEOUT)[0]
+        report = trio.run(client, args, info)
+    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -103,14 +103,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import queue
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -120,6 +117,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from p2pdl import netlab  # noqa: E402
+from simulations._harness import CpuMeter, RunFailed, Supervisor, cores  # noqa: E402
 
 BENCHMARK = "training: 2-peer DeDLOC swarm vs solo, netlab"
 PEERS = 2
@@ -138,10 +136,6 @@ START_TIMEOUT = 90.0
 EXIT_GRACE = 5.0
 
 
-class RunFailed(Exception):
-    pass
-
-
 _T0 = time.time()
 
 
@@ -149,52 +143,6 @@ def log(quiet: bool, *parts: object) -> None:
     if not quiet:
         print(f"bench_training [{time.time() - _T0:6.1f} s]:", *parts, file=sys.stderr,
               flush=True)
-
-
-# ---------------------------------------------------------------- the machine
-
-class MachineMonitor:
-    """Samples the machine's busy and total jiffies (all CPUs) twice a second, so that
-    the busy fraction of any window can be read afterwards."""
-
-    def __init__(self, interval: float = 0.5) -> None:
-        self.samples: list[tuple[float, int, int]] = []
-        self._stop = threading.Event()
-        self._interval = interval
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    @staticmethod
-    def jiffies() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            values = [int(v) for v in f.readline().split()[1:]]
-        total = sum(values[:8])  # user nice system idle iowait irq softirq steal
-        return total - values[3] - values[4], total
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            busy, total = self.jiffies()
-            self.samples.append((time.time(), busy, total))
-            self._stop.wait(self._interval)
-
-    def busy_fraction(self, t0: float, t1: float) -> float | None:
-        """The machine's busy share of all CPUs between the samples nearest t0 and t1."""
-        inside = [s for s in self.samples if t0 - self._interval <= s[0] <= t1 + self._interval]
-        if len(inside) < 2:
-            return None
-        a, b = inside[0], inside[-1]
-        return (b[1] - a[1]) / max(1, b[2] - a[2])
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(2)
-
-
-def cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 # ---------------------------------------------------------------- the plan
@@ -232,109 +180,17 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- the workers
 
-class Workers:
-    """Peer processes in lab hosts; their stdout JSON lines in one queue, stderr in
-    log files."""
+def workers(log_dir: Path, phase: str, deadline: float, quiet: bool) -> Supervisor:
+    """A supervisor for one phase's peer processes (stderr in ``<phase>-rank-<i>.log``),
+    which logs each ``epoch`` event as it comes."""
+    def on_event(rank: int, message: dict[str, Any]) -> None:
+        if message["event"] == "epoch":
+            log(quiet, f"{phase}: rank {rank} epoch {message['epoch']} "
+                       f"(step {message['step_s']:.2f} s, last round {message['outcome']})")
 
-    def __init__(self, log_dir: Path, phase: str, deadline: float, quiet: bool) -> None:
-        self.log_dir = log_dir
-        self.phase = phase
-        self.deadline = deadline
-        self.quiet = quiet
-        self.events: queue.Queue[tuple[int, dict[str, Any] | None]] = queue.Queue()
-        self.seen: dict[str, dict[int, dict[str, Any]]] = {}
-        self.procs: dict[int, subprocess.Popen[str]] = {}
-        self.logs: dict[int, Path] = {}
-
-    def start(self, rank: int, host: Any, argv: list[str]) -> None:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.logs[rank] = self.log_dir / f"{self.phase}-rank{rank}.log"
-        with self.logs[rank].open("w") as stderr:
-            proc = host.popen(argv, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=stderr, text=True, bufsize=1, env=env)
-        self.procs[rank] = proc
-        threading.Thread(target=self._read, args=(rank, proc), daemon=True).start()
-
-    def _read(self, rank: int, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.strip()
-            if line.startswith("{"):
-                try:
-                    self.events.put((rank, json.loads(line)))
-                except ValueError:
-                    pass
-        self.events.put((rank, None))
-
-    def wait(self, event: str, ranks: list[int], limit: float) -> dict[int, dict[str, Any]]:
-        """Each of ``ranks``' ``event`` message, waiting at most ``limit`` seconds (and
-        never past the run's deadline)."""
-        end = min(self.deadline, time.time() + limit)
-        while not all(r in self.seen.get(event, {}) for r in ranks):
-            left = end - time.time()
-            if left <= 0:
-                raise RunFailed(f"{self.phase}: timed out waiting for '{event}' (have ranks "
-                                f"{sorted(self.seen.get(event, {}))} of {ranks}); "
-                                + "; ".join(f"rank {r}: {self.tail(r)}" for r in ranks))
-            try:
-                rank, message = self.events.get(timeout=min(left, 1.0))
-            except queue.Empty:
-                continue
-            if message is None:
-                if rank in ranks and rank not in self.seen.get(event, {}):
-                    raise RunFailed(f"{self.phase}: rank {rank} exited (status "
-                                    f"{self.procs[rank].poll()}) before '{event}': "
-                                    f"{self.tail(rank)}")
-                continue
-            kind = message.get("event", "")
-            if kind == "fatal":
-                raise RunFailed(f"{self.phase}: rank {rank}: {message.get('error')} "
-                                f"({self.tail(rank)})")
-            if kind == "epoch":
-                log(self.quiet, f"{self.phase}: rank {rank} epoch {message['epoch']} "
-                                f"(step {message['step_s']:.2f} s, last round "
-                                f"{message['outcome']})")
-            self.seen.setdefault(kind, {})[rank] = message
-        return {r: self.seen[event][r] for r in ranks}
-
-    def send(self, word: str) -> float:
-        now = time.time()
-        for proc in self.procs.values():
-            try:
-                assert proc.stdin is not None
-                proc.stdin.write(word + "\n")
-                proc.stdin.flush()
-            except (OSError, ValueError):
-                pass  # a dead peer: its absence is reported by wait()
-        return now
-
-    def tail(self, rank: int, lines: int = 3) -> str:
-        try:
-            text = self.logs[rank].read_text(errors="replace").strip().splitlines()
-        except (OSError, KeyError):
-            return ""
-        return " | ".join(line[:300] for line in text[-lines:])
-
-    def close(self) -> None:
-        """``stop`` and EOF on stdin, a short wait, then SIGKILL whoever is left (the
-        lab's close stops anything else in its namespaces)."""
-        self.send("stop")
-        for proc in self.procs.values():
-            try:
-                if proc.stdin is not None:
-                    proc.stdin.close()
-            except OSError:
-                pass
-        end = time.time() + EXIT_GRACE + 10.0  # a node's shutdown takes up to 10 s
-        for proc in self.procs.values():
-            try:
-                proc.wait(timeout=max(0.1, end - time.time()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
+    # a node's shutdown takes up to 10 s
+    return Supervisor(name=phase, log_dir=log_dir, timeout=deadline - time.time(),
+                      exit_grace=EXIT_GRACE + 10.0, on_event=on_event)
 
 
 def worker_argv(args: argparse.Namespace, mode: str, rank: int, host: Any,
@@ -364,19 +220,16 @@ def phase_deadline(args: argparse.Namespace, seconds: float) -> float:
 
 
 def run_solo(args: argparse.Namespace, hosts: list[Any], log_dir: Path,
-             monitor: MachineMonitor, name: str = "solo") -> dict[str, Any]:
+             monitor: CpuMeter, name: str = "solo") -> dict[str, Any]:
     deadline = phase_deadline(args, START_TIMEOUT + args.duration + 60)
-    workers = Workers(log_dir, name, deadline, args.json_only)
-    try:
+    with workers(log_dir, name, deadline, args.json_only) as peers:
         for rank, host in enumerate(hosts):
-            workers.start(rank, host, worker_argv(args, "solo", rank, host, deadline))
-        ready = workers.wait("ready", list(range(PEERS)), START_TIMEOUT)
+            peers.start(worker_argv(args, "solo", rank, host, deadline), host=host)
+        ready = peers.wait_all("ready", limit=START_TIMEOUT)
         log(args.json_only, f"{name}: peers ready; {args.duration:g} s of training")
-        go = workers.send("go")
-        results = workers.wait("result", list(range(PEERS)), args.duration + 60)
+        go = peers.send("go")
+        results = peers.wait_all("result", limit=args.duration + 60)
         end = time.time()
-    finally:
-        workers.close()
     per_peer = []
     for rank in range(PEERS):
         r = results[rank]
@@ -397,39 +250,38 @@ def run_solo(args: argparse.Namespace, hosts: list[Any], log_dir: Path,
             "samples_s_sum": sum(r["samples_s"] for r in results.values()),
             "fwd_bwd_samples_s_sum": sum(r["samples"] / r["compute_s"]
                                          for r in results.values() if r["compute_s"]),
-            "machine_busy_fraction": _r(monitor.busy_fraction(go, end), 3)}
+            "machine_busy_fraction": _r(busy_fraction(monitor, go, end), 3)}
 
 
 OUTCOMES = ("averaged", "partial", "alone", "failed")
 
 
 def run_swarm(args: argparse.Namespace, hosts: list[Any], log_dir: Path,
-              monitor: MachineMonitor, delay_updates: bool,
+              monitor: CpuMeter, delay_updates: bool,
               solo: dict[str, Any]) -> dict[str, Any]:
     name = "swarm-delayed" if delay_updates else "swarm"
     epochs = args.delayed_epochs if delay_updates else args.epochs
     expected_epoch_s = args.target / max(1e-9, solo["samples_s_sum"])
     budget = START_TIMEOUT + (epochs + 1) * (2.5 * expected_epoch_s + 40) + 30
     deadline = phase_deadline(args, budget)
-    workers = Workers(log_dir, name, deadline, args.json_only)
     ranks = list(range(PEERS))
-    try:
-        workers.start(0, hosts[0], worker_argv(args, "swarm", 0, hosts[0], deadline,
-                                               delay_updates=delay_updates, epochs=epochs))
-        first = workers.wait("listening", [0], START_TIMEOUT)[0]
-        for rank in ranks[1:]:
-            workers.start(rank, hosts[rank],
-                          worker_argv(args, "swarm", rank, hosts[rank], deadline,
-                                      initial_peer=first["addr"], delay_updates=delay_updates,
-                                      epochs=epochs))
-        ready = workers.wait("ready", ranks, START_TIMEOUT)
-        log(args.json_only, f"{name}: peers up and in each other's progress view; "
-                            f"~{expected_epoch_s:.0f} s per epoch expected")
-        go = workers.send("go")
-        results = workers.wait("result", ranks, max(1.0, deadline - time.time()))
-    finally:
-        log(args.json_only, f"{name}: stopping the peers")
-        workers.close()
+    with workers(log_dir, name, deadline, args.json_only) as peers:
+        try:
+            peers.start(worker_argv(args, "swarm", 0, hosts[0], deadline,
+                                    delay_updates=delay_updates, epochs=epochs), host=hosts[0])
+            first = peers.wait_all("listening", [0], limit=START_TIMEOUT)[0]
+            for rank in ranks[1:]:
+                peers.start(worker_argv(args, "swarm", rank, hosts[rank], deadline,
+                                        initial_peer=first["addr"],
+                                        delay_updates=delay_updates, epochs=epochs),
+                            host=hosts[rank])
+            ready = peers.wait_all("ready", limit=START_TIMEOUT)
+            log(args.json_only, f"{name}: peers up and in each other's progress view; "
+                                f"~{expected_epoch_s:.0f} s per epoch expected")
+            go = peers.send("go")
+            results = peers.wait_all("result", limit=max(1.0, deadline - time.time()))
+        finally:
+            log(args.json_only, f"{name}: stopping the peers")
     t_start = min(r["t_start"] for r in results.values())
     t_end = max(r["t_end"] for r in results.values())
     wall = t_end - t_start
@@ -516,7 +368,7 @@ def run_swarm(args: argparse.Namespace, hosts: list[Any], log_dir: Path,
             max(c["bytes_sent"], c["bytes_received"]) * 8 / 1e6 / c["seconds"] / args.link_mbit
             for c in ar if c["seconds"] > 0), 3) if ar else None,
         "per_peer": per_peer,
-        "machine_busy_fraction": _r(monitor.busy_fraction(t_start, t_end), 3),
+        "machine_busy_fraction": _r(busy_fraction(monitor, t_start, t_end), 3),
         "go_to_first_window_s": _r(t_start - go, 2),
     }
     if not valid:
@@ -565,6 +417,12 @@ def _r(x: float | None, digits: int = 4) -> float | None:
     return None if x is None else round(x, digits)
 
 
+def busy_fraction(monitor: CpuMeter, t0: float, t1: float) -> float | None:
+    """The machine's busy share of all CPUs between t0 and t1 (time.time())."""
+    usage = monitor.usage_between(t0, t1)
+    return None if usage is None else usage.machine_busy_fraction
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     began = time.time()
     args.deadline = began + args.timeout
@@ -575,7 +433,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     log_dir = Path(tempfile.mkdtemp(prefix="p2pdl-bench-training-"))
     log(args.json_only, f"{out['plan']['parameters']} parameters, vector "
                         f"{out['plan']['vector_bytes']} B, target {args.target}, logs in {log_dir}")
-    monitor = MachineMonitor()
+    monitor = CpuMeter(pids=()).start(interval=0.5)  # the machine only
     failure: str | None = None
     try:
         with netlab.Internet(term_timeout=2.0) as net:
