@@ -20,6 +20,7 @@ from ._messages import PROGRESS_PROTOCOL as PROGRESS_PROTOCOL
 from ._messages import PROGRESS_PROTOCOL_ID as PROGRESS_PROTOCOL_ID
 from ._messages import PROTOCOL_ID as PROTOCOL_ID
 from ._messages import Report as Report
+from ._messages import SnapshotEntry as SnapshotEntry
 from ._messages import sign_report as sign_report
 from ._messages import verify_report as verify_report
 from ._service import SNAPSHOT_SCHEMA as SNAPSHOT_SCHEMA

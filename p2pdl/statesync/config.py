@@ -7,6 +7,7 @@ import math
 
 from .. import service
 from ..errors import ConfigError
+from ..service import is_int
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -98,7 +99,7 @@ class StateSyncConfig:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if field.type in ("int", int):
-                check(_is_int(value) and value >= 1, f"{field.name} must be an integer >= 1, "
+                check(is_int(value) and value >= 1, f"{field.name} must be an integer >= 1, "
                       f"got {value!r}")
             else:
                 check(not isinstance(value, bool) and isinstance(value, (int, float))
@@ -127,6 +128,3 @@ class StateSyncConfig:
         """Most bytes a chunk reply takes on the wire."""
         return self.chunk_size + MESSAGE_OVERHEAD
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -33,7 +33,7 @@ from typing import Any
 
 import trio
 
-from .._node import NodeConfig, TrioNode, open_node
+from .. import NodeConfig, TrioNode, open_node
 from ..errors import P2PDLError
 from ..nat import ReachabilityConfig
 from ..wire import Message, MessageSet

@@ -29,12 +29,19 @@ from typing import Any
 
 import trio
 
-from .._node import TrioNode
+from .. import TrioNode
 from ..dht import DHT_PROTOCOL_ID
-from ..progress import PROGRESS_PROTOCOL_ID, ProgressView, PublishPolicy, RateEMA
-from ..progress._messages import SnapshotEntry, sign_report, verify_report
-from ..progress._service import SNAPSHOT_PREFIX
-from ..progress._state import PeerReport
+from ..progress import (
+    PROGRESS_PROTOCOL_ID,
+    SNAPSHOT_PREFIX,
+    PeerReport,
+    ProgressView,
+    PublishPolicy,
+    RateEMA,
+    SnapshotEntry,
+    sign_report,
+    verify_report,
+)
 from ..wire import traffic
 
 __all__ = ["simulate_progress", "hivemind_refresh_delay"]

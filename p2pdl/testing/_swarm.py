@@ -12,8 +12,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import trio
 
+from .. import NodeConfig, TrioNode, open_node
 from .._concurrency import open_service_nursery
-from .._node import NodeConfig, TrioNode, open_node
 from ..errors import CallTimeoutError
 
 LOOPBACK = ("/ip4/127.0.0.1/tcp/0",)

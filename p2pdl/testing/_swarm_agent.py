@@ -39,8 +39,8 @@ from typing import Any
 
 import trio
 
+from .. import NodeConfig, TrioNode, open_node
 from .._concurrency import open_service_nursery
-from .._node import NodeConfig, TrioNode, open_node
 from ..dht import DHTConfig
 from ._agent import Agent, open_agent, serve_commands
 from ._progress_sim import simulate_progress

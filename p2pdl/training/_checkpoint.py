@@ -104,6 +104,7 @@ from typing import IO, Any
 import torch
 
 from ..errors import CheckpointError, ConfigError
+from ..service import is_int
 
 __all__ = [
     "CheckpointError",
@@ -434,7 +435,7 @@ def _read_record(record: Path) -> CheckpointInfo:
     if version != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint record {record} has format {version!r}; "
                               f"this p2pdl reads format {FORMAT_VERSION}")
-    if (not _is_int(epoch) or not 0 <= epoch <= MAX_EPOCH or not _is_int(size) or size < 0
+    if (not is_int(epoch) or not 0 <= epoch <= MAX_EPOCH or not is_int(size) or size < 0
             or not isinstance(sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", sha256)):
         raise CheckpointError(f"checkpoint record {record} is corrupt")
     return CheckpointInfo(record.with_suffix(".pt"), epoch, size, sha256)
@@ -503,12 +504,9 @@ def _check_value(value: Any, where: str, depth: int) -> None:
 
 
 def _check_int(name: str, value: object, low: int, high: int) -> None:
-    if not _is_int(value) or not low <= value <= high:
+    if not is_int(value) or not low <= value <= high:
         raise ConfigError(f"{name} must be an int from {low} to {high}, not {value!r}")
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _unlink(path: Path) -> None:

@@ -7,10 +7,10 @@ of its own, are re-exported for old imports.
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from ..averaging import AllReduceConfig
 from ..errors import ConfigError
+from ..service import is_number, is_positive
 from ..statesync.config import DIGEST_SIZE as DIGEST_SIZE
 from ..statesync.config import MAX_CHUNK_SIZE as MAX_CHUNK_SIZE
 from ..statesync.config import MAX_CHUNKS as MAX_CHUNKS
@@ -106,15 +106,15 @@ class OptimizerConfig:
             raise ConfigError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
         for name in ("clip_grad_norm", "matchmaking_time", "bandwidth", "reduce_rate"):
             value = getattr(self, name)
-            if value is not None and not _positive(value):
+            if value is not None and not is_positive(value):
                 raise ConfigError(f"{name} must be None or a positive number, got {value!r}")
         for name in ("outer_lr", "sync_timeout", "sync_retry", "ready_timeout"):
-            if not _positive(getattr(self, name)):
+            if not is_positive(getattr(self, name)):
                 raise ConfigError(f"{name} must be a positive number, "
                                   f"got {getattr(self, name)!r}")
-        if not (_number(self.discovery_time) and self.discovery_time >= 0):
+        if not (is_number(self.discovery_time) and self.discovery_time >= 0):
             raise ConfigError(f"discovery_time must be a number >= 0, got {self.discovery_time!r}")
-        if not (_number(self.outer_momentum) and 0 <= self.outer_momentum < 1):
+        if not (is_number(self.outer_momentum) and 0 <= self.outer_momentum < 1):
             raise ConfigError(f"outer_momentum must be in [0, 1), got {self.outer_momentum!r}")
         for name in ("delay_updates", "auxiliary", "state_sync"):
             if not isinstance(getattr(self, name), bool):
@@ -130,15 +130,6 @@ class OptimizerConfig:
         check_int("checkpoint_keep", self.checkpoint_keep, 1, 1000)
         if self.checkpoint_dir is not None:
             object.__setattr__(self, "checkpoint_dir", str(self.checkpoint_dir))
-
-
-def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and math.isfinite(value)
-
-
-def _positive(value: object) -> bool:
-    return _number(value) and value > 0  # type: ignore[operator]
 
 
 def check_int(name: str, value: object, low: int, high: int) -> None:

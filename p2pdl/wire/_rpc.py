@@ -29,8 +29,7 @@ from ..errors import (
     RequestError,
     StreamClosedError,
 )
-from ..net import Host
-from ..net._addrs import PeerIDLike, parse_peer_id
+from ..net import Host, PeerIDLike, parse_peer_id
 from ._frames import Frame
 from ._messages import ErrorReply, Message
 from ._protocol import ERROR_CODES, RequestContext, RpcHandler, RpcProtocol

@@ -5,8 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from ...errors import ConfigError
+from ...service import is_int, is_number
 from .._codecs import CodecPolicy
-from ..matchmaking.config import _is_int, _is_number
 
 #: Hard limits of the all-reduce, whatever a node's configuration says.
 MAX_CHUNK_VALUES = 2**20        # values per TENSOR frame of the all-reduce (4 MiB of float32)
@@ -70,18 +70,18 @@ class AllReduceConfig:
                 raise ConfigError(f"AllReduceConfig: {what}")
 
         check(isinstance(self.codecs, CodecPolicy), "codecs must be a CodecPolicy")
-        check(_is_int(self.chunk_values)
+        check(is_int(self.chunk_values)
               and MIN_CHUNK_VALUES <= self.chunk_values <= MAX_CHUNK_VALUES,
               f"chunk_values must be an integer in {MIN_CHUNK_VALUES}..{MAX_CHUNK_VALUES}")
         for name in ("sender_timeout", "reducer_timeout", "join_wait"):
-            check(_is_number(getattr(self, name)) and getattr(self, name) > 0,
+            check(is_number(getattr(self, name)) and getattr(self, name) > 0,
                   f"{name} must be a positive number of seconds")
-        check(_is_number(self.averaging_timeout)
+        check(is_number(self.averaging_timeout)
               and 0 < self.averaging_timeout <= MAX_AVERAGING_TIMEOUT,
               f"averaging_timeout must be in (0, {MAX_AVERAGING_TIMEOUT:.0f}] seconds")
         check(self.reducer_timeout >= self.sender_timeout,
               "reducer_timeout must be at least sender_timeout (a reducer may wait that "
               "long for a slow sender before it sends anything)")
         for name in ("max_waiting_streams", "max_rounds"):
-            check(_is_int(getattr(self, name)) and getattr(self, name) >= 1,
+            check(is_int(getattr(self, name)) and getattr(self, name) >= 1,
                   f"{name} must be an integer >= 1")

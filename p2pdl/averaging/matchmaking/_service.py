@@ -45,6 +45,7 @@ from ...service import (
     RpcEndpoint,
     ServiceContext,
     Statistics,
+    is_int,
     run_of_request,
     serve_nothing,
 )
@@ -289,10 +290,10 @@ class MatchmakingService:
         target = config.target_group_size if target is None else target
         time_ = config.matchmaking_time if time_ is None else time_
         min_size = config.min_group_size if min_size is None else min_size
-        if not _is_int(target) or not 1 <= target <= MAX_GROUP_SIZE:
+        if not is_int(target) or not 1 <= target <= MAX_GROUP_SIZE:
             raise ConfigError(f"form_group: target_group_size must be an integer in "
                               f"1..{MAX_GROUP_SIZE}, not {target!r}")
-        if not _is_int(min_size) or not 1 <= min_size <= target:
+        if not is_int(min_size) or not 1 <= min_size <= target:
             raise ConfigError(f"form_group: min_group_size must be an integer in "
                               f"1..target_group_size ({target}), not {min_size!r}")
         if not isinstance(time_, (int, float)) or isinstance(time_, bool) \
@@ -536,8 +537,4 @@ def _load_planner() -> None:
 def _short(peer: ID) -> str:
     text = str(peer)
     return text[-8:]
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 

@@ -6,6 +6,7 @@ import dataclasses
 
 from ... import service
 from ...errors import ConfigError
+from ...service import is_int, is_number
 
 #: Hard limits of the wire protocol, whatever a node's configuration says.
 MAX_RUN_ID_LENGTH = service.MAX_RUN_ID_BYTES  # bytes of a run id (UTF-8), 1 at least
@@ -74,28 +75,20 @@ class MatchmakingConfig:
             if not ok:
                 raise ConfigError(f"MatchmakingConfig: {what}")
 
-        check(_is_int(self.target_group_size) and 1 <= self.target_group_size <= MAX_GROUP_SIZE,
+        check(is_int(self.target_group_size) and 1 <= self.target_group_size <= MAX_GROUP_SIZE,
               f"target_group_size must be an integer in 1..{MAX_GROUP_SIZE}")
-        check(_is_int(self.min_group_size)
+        check(is_int(self.min_group_size)
               and 1 <= self.min_group_size <= self.target_group_size,
               "min_group_size must be an integer in 1..target_group_size")
-        check(_is_number(self.matchmaking_time)
+        check(is_number(self.matchmaking_time)
               and 0 < self.matchmaking_time <= MAX_MATCHMAKING_TIME,
               f"matchmaking_time must be in (0, {MAX_MATCHMAKING_TIME}] seconds")
         for name in ("gather_time", "expiration_margin"):
-            check(_is_number(getattr(self, name)) and getattr(self, name) >= 0,
+            check(is_number(getattr(self, name)) and getattr(self, name) >= 0,
                   f"{name} must be a number >= 0")
-        check(_is_number(self.join_window) and self.join_window > 0,
+        check(is_number(self.join_window) and self.join_window > 0,
               "join_window must be a positive number")
         for name in ("max_join_attempts", "max_view_fetches", "max_rounds", "max_held_joins"):
-            check(_is_int(getattr(self, name)) and getattr(self, name) >= 1,
+            check(is_int(getattr(self, name)) and getattr(self, name) >= 1,
                   f"{name} must be an integer >= 1")
 
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) \
-        and value == value and value not in (float("inf"), float("-inf"))
