@@ -1,16 +1,27 @@
 """p2pdl: collaborative deep learning over the internet (DeDLOC), on py-libp2p.
 
-Layers, bottom to top (docs/architecture.md has the map):
+Layers, bottom to top; a layer imports only the layers below it
+(docs/architecture.md has the map):
 
-* ``p2pdl.net`` -- the libp2p host: TCP + Noise + Yamux, identity, peers.
+* ``p2pdl.errors`` -- the error types every layer raises.
+* ``p2pdl.net`` -- the libp2p host: TCP + Noise + Yamux, identity, peers, relays,
+  hole punching.
 * ``p2pdl.wire`` -- framing, typed messages, tensor frames, flow control, RPC.
+* ``p2pdl.service`` -- the service contract every protocol keeps, and the
+  admission gate every inbound request passes.
 * ``p2pdl.nat`` -- reachability by dial-back, client mode, relay use.
 * ``p2pdl.dht`` -- Kademlia DHT: discovery, signed dictionary records (``node.dht``).
 * ``p2pdl.progress`` -- gossip of training progress, when to step (``node.progress``).
-* ``p2pdl.averaging`` -- matchmaking of averaging groups (``node.matchmaking``).
-* ``p2pdl.training`` -- the PyTorch adapter; state sync for joiners (``node.state_sync``).
-* ``p2pdl._node`` -- the node: :func:`open_node` (trio), :class:`Node` (sync,
-  with ``node.aio`` for asyncio).
+* ``p2pdl.statesync`` -- training state for joiners (``node.state_sync``).
+* ``p2pdl.averaging`` -- matchmaking of averaging groups (``node.matchmaking``) and
+  the butterfly all-reduce (``node.averaging``).
+* ``p2pdl.training`` -- the PyTorch adapter, :class:`Optimizer` (loads torch;
+  imported only when one of its names is used).
+* the node -- ``_node`` (:func:`open_node`, :class:`TrioNode`, the services built
+  in one loop), ``_sync_node`` (:class:`Node` for sync code, ``node.aio`` for
+  asyncio), with ``_config`` (:class:`NodeConfig`), ``_portal`` (the one bridge
+  between threads and the node's trio thread) and ``_faces`` (each service's
+  sync and asyncio face).
 * ``p2pdl.cli`` -- the ``p2pdl`` command.
 * ``p2pdl.testing`` -- real nodes on loopback for tests and simulations.
 * ``p2pdl.netlab`` -- the emulated internet (network namespaces, NAT, caps).

@@ -23,7 +23,8 @@ nothing from p2pdl but its errors; docs/netlab.md is the guide.
   lab run here, and if not, why.
 * ``_names.py`` -- run ids, namespace names (``p2nl-<run>-<host>``), owner
   records; ``_commands.py`` -- the subprocess runner (every call has a
-  timeout); ``cli.py`` -- ``python -m p2pdl.netlab check|up|list|cleanup``.
+  timeout); ``_errors.py`` -- :class:`NetlabError`, :class:`NetlabUnavailable`;
+  ``cli.py`` -- ``python -m p2pdl.netlab check|up|list|cleanup``.
 """
 
 from ._cleanup import cleanup as cleanup
