@@ -1,5 +1,5 @@
 """Training throughput of a 2-peer DeDLOC swarm against the same peers training alone,
-in the emulated internet (p2pdl.netlab), as root (issue 7).
+in the emulated internet (p2pdl.netlab), as root.
 
     python simulations/bench_training.py [--duration 10] [--epochs 3] [--scale 1]
         [--model bench|tiny] [--link-mbit 100] [--no-delayed] [--delayed-epochs 2]

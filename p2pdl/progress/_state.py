@@ -1,7 +1,7 @@
 """Progress logic without I/O: the global view, the publish policy, the rate EMA.
 
 Time is always an argument (wall-clock seconds, the clock reports are
-stamped with).  The rules are DeDLOC's (../DESIGN.md, protocols/progress.md):
+stamped with).  The rules are DeDLOC's (Diskin et al. 2021; protocols/progress.md):
 
 * a peer's count is extrapolated by its rate: ``samples + (now - time) * sps``;
 * peers silent for ``report_ttl`` are left out;

@@ -15,7 +15,7 @@ every chunk against it and the whole payload against the digest.
   what a success or a failure changes (retries, dropped donors, busy backoff).
 
 Nothing here does I/O or reads a clock: time is an argument.  The trio
-service (``_ss_service``) drives these with plain method calls.
+service (``_service``) drives these with plain method calls.
 """
 
 from __future__ import annotations

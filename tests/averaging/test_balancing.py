@@ -28,7 +28,7 @@ def test_equal_peers_get_equal_parts_and_the_dedloc_time():
 
 
 def test_dedloc_tiers_beat_equal_shares_by_the_issue_goal():
-    """4 peers at 200/100/100/50 Mbit/s and an auxiliary at 500 Mbit/s (issue 6)."""
+    """4 peers at 200/100/100/50 Mbit/s and an auxiliary at 500 Mbit/s (the DeDLOC ALBERT tiers)."""
     peers = [PeerCapacity(200 * MBIT), PeerCapacity(100 * MBIT), PeerCapacity(100 * MBIT),
              PeerCapacity(50 * MBIT), PeerCapacity(500 * MBIT, auxiliary=True)]
     lp, equal = plan_load(peers, V), equal_shares(peers, V)

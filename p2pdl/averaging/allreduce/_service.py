@@ -1,6 +1,6 @@
 """The all-reduce service of a node: ``await node.averaging.all_reduce(group, tensors)``.
 
-The rules are in ``_allreduce`` (sans-IO); this module moves the bytes over
+The rules are in ``_state`` (sans-IO); this module moves the bytes over
 ``/p2pdl/allreduce/1.0.0`` (protocols/allreduce.md):
 
 * as a **sender**, a member opens one stream to every other member that

@@ -2,7 +2,7 @@
 reducer of one part, the receiver of one part's averages, and the results.
 
 No trio and no sockets: time is passed in, tensors are plain torch tensors.
-``_ar_service`` moves the bytes (protocols/allreduce.md).
+``_service`` moves the bytes (protocols/allreduce.md).
 
 * :class:`Layout` -- the averaged vector (the caller's tensors, flattened to
   float32 and concatenated), cut into one contiguous **part** per member by

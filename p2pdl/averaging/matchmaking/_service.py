@@ -1,6 +1,6 @@
 """The matchmaking service of a node: ``node.matchmaking.form_group(run_id, epoch)``.
 
-The rules are in ``_matchmaking`` (sans-IO); this module does the I/O:
+The rules are in ``_state`` (sans-IO); this module does the I/O:
 
 1. **announce**: the peer says in the DHT that it is ready for the round
    (``dht.announce("<run id>/mm/<epoch>")``: a signed entry with its

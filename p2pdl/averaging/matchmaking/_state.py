@@ -2,7 +2,7 @@
 
 No trio, no sockets: times are arguments (``now``, seconds of any monotonic
 clock), so the rules are tested without a network and can drive a simulator.
-``_mm_service`` wraps them (protocols/matchmaking.md, docs/matchmaking.md).
+``_service`` wraps them (protocols/matchmaking.md, docs/matchmaking.md).
 
 Rules:
 
