@@ -3,12 +3,14 @@
 Modules:
 
 * ``config`` -- :class:`OptimizerConfig` (documented defaults).
-* ``_optimizer`` -- :class:`Optimizer`: a torch optimizer that trains with the
-  swarm (DeDLOC gradient averaging, delayed updates, DiLoCo outer steps,
-  catch-up by state sync, consistency checks, checkpoints, LR schedulers).
+* ``_node_api`` -- :class:`TrainingNode`: the typed part of :class:`p2pdl.Node` the optimizer uses.
+* ``_optimizer`` -- :class:`Optimizer`, the facade: ``step``, ``zero_grad``, state dicts, ``close``.
+* ``_strategies`` -- :class:`DeDLOCStrategy`, :class:`DiLoCoStrategy`: what a round averages, how.
+* ``_rounds`` -- :class:`Rounds`: start, wait for, judge rounds; delayed updates; auxiliary help.
+* ``_state_keeping`` -- :class:`StateKeeper`: full state, share, fetch, consistency, checkpoints.
+* ``_checkpoint`` -- atomic checkpoints (temp file, fsync, rename) and resuming.
 * ``_example`` -- the built-in example task: a small transformer language
   model on the documentation text that ships with CPython (no downloads).
-* ``_checkpoint`` -- atomic checkpoints (temp file, fsync, rename) and resuming.
 
 State sync, which the Optimizer uses to catch up, is the package
 ``p2pdl.statesync``; its public names are re-exported here for old imports.
@@ -22,6 +24,19 @@ from ._example import ExampleConfig as ExampleConfig
 from ._example import ExampleTask as ExampleTask
 from ._example import TinyTransformerLM as TinyTransformerLM
 from ._example import count_parameters as count_parameters
+from ._node_api import TrainingAveraging as TrainingAveraging
+from ._node_api import TrainingNode as TrainingNode
+from ._node_api import TrainingProgress as TrainingProgress
+from ._node_api import TrainingStateSync as TrainingStateSync
+from ._node_api import TrainingTracker as TrainingTracker
 from ._optimizer import Optimizer as Optimizer
-from ._optimizer import RoundInfo as RoundInfo
+from ._rounds import PendingRound as PendingRound
+from ._rounds import RoundInfo as RoundInfo
+from ._rounds import RoundResult as RoundResult
+from ._rounds import Rounds as Rounds
+from ._state_keeping import CatchUp as CatchUp
+from ._state_keeping import StateKeeper as StateKeeper
+from ._strategies import DeDLOCStrategy as DeDLOCStrategy
+from ._strategies import DiLoCoStrategy as DiLoCoStrategy
+from ._strategies import Strategy as Strategy
 from .config import OptimizerConfig as OptimizerConfig

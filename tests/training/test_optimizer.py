@@ -9,15 +9,27 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 import p2pdl
 from p2pdl.errors import ConfigError, NodeClosedError
-from p2pdl.training import ExampleConfig, ExampleTask, Optimizer, OptimizerConfig
+from p2pdl.training import (
+    DeDLOCStrategy,
+    ExampleConfig,
+    ExampleTask,
+    Optimizer,
+    OptimizerConfig,
+    PendingRound,
+)
+
+from .fake_node import FakeNode
+from .fake_node import progress as fake_progress
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -173,9 +185,9 @@ def test_peers_that_drifted_apart_after_a_failed_round_agree_again(task):
             with torch.no_grad():   # as if peer 1 had stepped alone in a failed round
                 for p in models[1].parameters():
                     p.add_(0.01)
-            opts[1]._share_state(force=True)
+            opts[1].state_keeper.share(force=True)
             for opt in opts:
-                opt._suspect = True
+                opt.state_keeper.mark_suspect()
             in_threads(*(lambda i=i: train(opts[i], models[i], task.batches(i), epochs=4)
                          for i in range(2)))
             stats = [o.statistics() for o in opts]
@@ -349,8 +361,6 @@ def test_diloco_outer_step_is_nesterov_momentum_on_the_mean_delta(task):
 def test_a_delayed_result_applied_in_a_step_keeps_that_steps_gradients():
     """The background round's result replaces p.grad: the batch's own gradients
     must be in the accumulator first."""
-    from types import SimpleNamespace
-
     model = torch.nn.Linear(4, 1, bias=False)
     with swarm(1) as (node,):
         with Optimizer(node=node, run_id="dpu", optimizer=torch.optim.SGD(model.parameters(),
@@ -359,13 +369,16 @@ def test_a_delayed_result_applied_in_a_step_keeps_that_steps_gradients():
             done: concurrent.futures.Future = concurrent.futures.Future()
             done.set_result(SimpleNamespace(completed=True, tensors=[torch.full((1, 4), 2.0)],
                                             group=SimpleNamespace(members=(1, 2))))
-            opt._pending, opt._pending_info = done, (0, [torch.zeros(1, 4)], 5, time.monotonic())
-            opt._grouped.set()
+            grouped = threading.Event()
+            grouped.set()
+            opt.rounds.pending = PendingRound(done, 0, [torch.zeros(1, 4)], 5, time.monotonic(),
+                                              grouped)
+            assert isinstance(opt.strategy, DeDLOCStrategy)
             before = model.weight.detach().clone()
             model.weight.grad = torch.ones(1, 4)
             assert opt.step(batch_size=1)          # the round's average was applied
             assert torch.allclose(model.weight, before - 0.1 * 2.0)
-            assert torch.equal(opt._accumulators[0], torch.ones(1, 4))
+            assert torch.equal(opt.strategy.accumulators[0], torch.ones(1, 4))
             assert opt.samples_accumulated == 1 and opt.last_round.outcome == "averaged"
 
 
@@ -405,3 +418,93 @@ def test_an_auxiliary_peer_helps_and_follows_the_trainers_epoch(task):
     assert opts[0].last_round is not None and opts[0].last_round.group_size == 3
     with pytest.raises(ConfigError):
         OptimizerConfig(auxiliary="yes")
+
+
+# -- the facade on a fake node (no network) -----------------------------------------------
+
+
+def offline(node: FakeNode, **options: object) -> tuple[Optimizer, torch.nn.Linear]:
+    model = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 2.0]]))
+    opt = Optimizer(node=node, run_id="offline", optimizer=torch.optim.SGD(model.parameters(),
+                                                                           lr=0.5),
+                    target_batch_size=8, batch_size_per_step=4, **options)
+    return opt, model
+
+
+def failed_round() -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_exception(p2pdl.MatchmakingFailedError("no group"))
+    return future
+
+
+@pytest.mark.parametrize("on_failure", ["local", "skip"])
+def test_a_failed_round_applies_on_failure_and_holds_the_next_round_for_the_check(on_failure):
+    node = FakeNode()
+    node.tracker.view = [fake_progress(0, ready=True)]
+    node.averaging.futures.append(failed_round())
+    opt, model = offline(node, on_failure=on_failure)
+    model.weight.grad = torch.tensor([[1.0, -1.0]])
+    assert opt.step() is (on_failure == "local")
+    expected = [[0.5, 2.5]] if on_failure == "local" else [[1.0, 2.0]]
+    assert torch.allclose(model.weight, torch.tensor(expected))
+    assert opt.local_epoch == 1 and opt.last_round.outcome == "failed"   # advances either way
+    assert opt.state_keeper.suspect and node.tracker.epochs[-1] == 1
+    model.weight.grad = torch.tensor([[1.0, -1.0]])
+    assert not opt.step()   # the check found no offers: no round until it is done
+    assert len(node.averaging.calls) == 1 and opt.state_keeper.suspect
+    opt.close()
+
+
+def test_statistics_name_every_counter():
+    opt, _ = offline(FakeNode())
+    assert list(opt.statistics()) == [
+        "epoch", "local_steps", "samples_accumulated", "rounds", "averaged", "partial", "alone",
+        "failed", "state_syncs", "state_sync_failures", "checkpoints", "shared",
+        "consistency_checks", "repairs"]
+    opt.close()
+
+
+def test_a_delayed_round_is_announced_once_its_group_formed_and_applied_a_step_late():
+    node = FakeNode()
+    node.tracker.view = [fake_progress(0, ready=True)]
+    opt, model = offline(node, delay_updates=True)
+    model.weight.grad = torch.tensor([[1.0, 1.0]])
+    assert not opt.step()   # the round runs in the background
+    assert opt.local_epoch == 1 and opt.samples_accumulated == 0 and opt.rounds.matching()
+    model.weight.grad = torch.tensor([[1.0, 1.0]])
+    assert not opt.step()
+    assert node.tracker.reported == [(4, 0)]   # epoch 1 not announced while matching
+    call = node.averaging.calls[0]
+    assert call["epoch"] == 0 and call["weight"] == 4.0
+    call["on_group"](object())
+    opt.rounds.pending.future.set_result(SimpleNamespace(
+        completed=True, tensors=[torch.tensor([[2.0, 2.0]])],
+        group=SimpleNamespace(members=(1, 2))))
+    node.tracker.view = [fake_progress(1)]
+    model.weight.grad = torch.tensor([[1.0, 1.0]])
+    assert opt.step()
+    assert torch.allclose(model.weight, torch.tensor([[0.0, 1.0]]))
+    assert opt.last_round.outcome == "averaged" and node.tracker.reported[-1] == (8, 1)
+    opt.close()
+
+
+def test_a_peer_behind_without_state_sync_adopts_the_epoch():
+    node = FakeNode()
+    node.tracker.view = [fake_progress(5)]
+    opt, model = offline(node, state_sync=False)
+    model.weight.grad = torch.tensor([[1.0, 1.0]])
+    assert not opt.step()
+    assert opt.local_epoch == 5 and opt.samples_accumulated == 4 and node.tracker.epochs == [5]
+    opt.close()
+
+
+def test_close_stops_sharing_and_tracking():
+    node = FakeNode()
+    opt, _ = offline(node)
+    opt.close()
+    opt.close()
+    assert node.state_sync.unshared == ["offline"] and node.tracker.closed
+    with pytest.raises(NodeClosedError):
+        opt.step()

@@ -1,0 +1,271 @@
+"""Averaging rounds of the training layer: :class:`Rounds`, :class:`RoundInfo`.
+
+A round is one ``node.averaging.start_round`` (form a group for the epoch,
+then the all-reduce, in the node's thread), which returns a
+:class:`concurrent.futures.Future`.  :class:`Rounds` starts it, waits for it
+(at most the node's ``round_limit``), and judges what came back: every part
+averaged, some parts partial, or no group at all.  With delayed updates one
+round runs in the background (:class:`PendingRound`) while the next batches
+compute; an auxiliary peer's rounds carry no values of its own
+(:meth:`Rounds.assist`).
+
+What a round's result does to the parameters is the strategy's
+(``_strategies``); what a failed or partial round means for the state, the
+state keeper's (``_state_keeping``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..averaging import AllReduceResult
+from ..errors import CallTimeoutError, MatchmakingFailedError, P2PDLError
+from ._node_api import TrainingNode, TrainingTracker
+from .config import OptimizerConfig
+
+if TYPE_CHECKING:
+    from ..progress import GlobalProgress
+
+__all__ = ["RoundInfo", "RoundResult", "PendingRound", "Rounds", "AUXILIARY_POLL"]
+
+logger = logging.getLogger(__name__)
+
+#: How often an auxiliary peer looks for the next epoch after joining a round (s).
+AUXILIARY_POLL = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundInfo:
+    """What the last averaging round did, as ``opt.last_round`` says.
+
+    ``outcome`` is ``"averaged"`` (every part completed), ``"partial"``
+    (some parts kept this peer's own values), ``"alone"`` (no other peer:
+    a local step), ``"failed"`` (no group: ``on_failure`` applied).
+    """
+
+    epoch: int
+    outcome: str
+    group_size: int
+    samples: int
+    seconds: float
+    error: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundResult:
+    """A judged round: what this peer sent and what came back (None: the round failed)."""
+
+    info: RoundInfo
+    sent: list[torch.Tensor]
+    averaged: list[torch.Tensor] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingRound:
+    """A round running in the background (delayed updates).
+
+    ``grouped`` is set in the node's thread once the group formed; until then
+    the round is still in matchmaking.
+    """
+
+    future: concurrent.futures.Future[AllReduceResult]
+    epoch: int
+    sent: list[torch.Tensor]
+    samples: int
+    started: float
+    grouped: threading.Event
+
+
+class Rounds:
+    """Start, wait for and judge the averaging rounds of one run.
+
+    It owns the background round (``pending``), the round counters, and when
+    the view last had another trainer (for stepping alone).  Called from the
+    training thread only.
+    """
+
+    def __init__(self, node: TrainingNode, run_id: str, config: OptimizerConfig) -> None:
+        self.node = node
+        self.run_id = run_id
+        self.config = config
+        self.pending: PendingRound | None = None
+        self._assisted: int | None = None   # the epoch whose round an auxiliary peer joined
+        self._seen_others = time.monotonic()   # when the view last had another trainer
+        self._counters = {"rounds": 0, "averaged": 0, "partial": 0, "alone": 0, "failed": 0}
+
+    def statistics(self) -> dict[str, int]:
+        """Rounds started, and how they ended: averaged, partial, alone, failed."""
+        return dict(self._counters)
+
+    # -- alone or together --------------------------------------------------------------
+
+    def observe(self, progress: GlobalProgress) -> None:
+        """Note the view: whether another trainer is in it."""
+        if progress.num_peers - progress.num_auxiliary > 1:
+            self._seen_others = time.monotonic()
+
+    @staticmethod
+    def alone(progress: GlobalProgress) -> bool:
+        """Whether no other trainer is in the view."""
+        return progress.num_peers - progress.num_auxiliary <= 1
+
+    def discovering(self) -> bool:
+        """Whether the view had another trainer less than ``discovery_time`` ago.
+
+        Peers started together may not have heard of each other yet, and a
+        view that lost the others for a moment (late reports under load) is
+        not a swarm of one: stepping alone would drift apart.
+        """
+        return time.monotonic() - self._seen_others < self.config.discovery_time
+
+    # -- one round ----------------------------------------------------------------------
+
+    def start(self, epoch: int, tensors: Sequence[torch.Tensor], samples: int, *,
+              auxiliary: bool = False, grouped: threading.Event | None = None
+              ) -> concurrent.futures.Future[AllReduceResult]:
+        """Start the round of ``epoch``, averaging ``tensors`` in place, weighted by ``samples``."""
+        config = self.config
+        on_group = (lambda group: grouped.set()) if grouped is not None else None
+        return self.node.averaging.start_round(
+            self.run_id, epoch, tensors, weight=float(samples), config=config.allreduce,
+            inplace=True, on_group=on_group, auxiliary=auxiliary,
+            matchmaking_time=config.matchmaking_time, target_group_size=config.target_group_size,
+            bandwidth=config.bandwidth, reduce_rate=config.reduce_rate)
+
+    def limit(self) -> float:
+        """The longest the training thread waits for a round (s)."""
+        return self.node.averaging.round_limit(matchmaking_time=self.config.matchmaking_time,
+                                               config=self.config.allreduce)
+
+    def wait(self, future: concurrent.futures.Future[AllReduceResult]
+             ) -> AllReduceResult | BaseException:
+        """The round's result, or the p2pdl error it ended with (a round past its limit
+        is cancelled: CallTimeoutError).  Anything else is raised."""
+        try:
+            return future.result(self.limit())
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+            return CallTimeoutError("the averaging round did not end in time")
+        except P2PDLError as exc:
+            return exc
+        except BaseException:
+            future.cancel()
+            raise
+
+    def judge(self, epoch: int, sent: list[torch.Tensor], samples: int,
+              outcome: AllReduceResult | BaseException, seconds: float) -> RoundResult:
+        """Count and log how the round ended."""
+        if isinstance(outcome, BaseException):
+            self._counters["failed"] += 1
+            level = logging.INFO if isinstance(outcome, MatchmakingFailedError) else logging.WARNING
+            logger.log(level, "run %s epoch %d: averaging failed (%s); %s", self.run_id, epoch,
+                       outcome, "stepping with local values" if self.config.on_failure == "local"
+                       else "skipping the step")
+            return RoundResult(RoundInfo(epoch, "failed", 1, samples, seconds, str(outcome)),
+                               sent, None)
+        size = len(outcome.group.members)
+        if outcome.completed:
+            self._counters["averaged"] += 1
+            return RoundResult(RoundInfo(epoch, "averaged", size, samples, seconds), sent,
+                               outcome.tensors)
+        self._counters["partial"] += 1
+        missing = [i for i, part in enumerate(outcome.parts) if not part.completed]
+        logger.warning("run %s epoch %d: parts %s did not complete; they keep local values",
+                       self.run_id, epoch, missing)
+        return RoundResult(RoundInfo(epoch, "partial", size, samples, seconds,
+                                     f"parts {missing} incomplete"), sent, outcome.tensors)
+
+    def run(self, epoch: int, sent: list[torch.Tensor], samples: int, *, alone: bool
+            ) -> RoundResult:
+        """One round, waited for (``alone``: none; this peer's own values are the average)."""
+        start = time.monotonic()
+        self._counters["rounds"] += 1
+        if alone:
+            logger.info("run %s epoch %d: no other peer for %.0f s; stepping alone",
+                        self.run_id, epoch, time.monotonic() - self._seen_others)
+            self._counters["alone"] += 1
+            return RoundResult(RoundInfo(epoch, "alone", 1, samples, 0.0), sent, sent)
+        outcome = self.wait(self.start(epoch, sent, samples))
+        return self.judge(epoch, sent, samples, outcome, time.monotonic() - start)
+
+    # -- delayed updates ----------------------------------------------------------------
+
+    def start_background(self, epoch: int, sent: list[torch.Tensor], samples: int) -> None:
+        """Start a round and return at once; :meth:`finish` picks up its result."""
+        self._counters["rounds"] += 1
+        grouped = threading.Event()
+        future = self.start(epoch, sent, samples, grouped=grouped)
+        self.pending = PendingRound(future, epoch, sent, samples, time.monotonic(), grouped)
+
+    def matching(self) -> bool:
+        """Whether a background round is still in matchmaking."""
+        pending = self.pending
+        return pending is not None and not pending.grouped.is_set() \
+            and not pending.future.done()
+
+    def finish(self, block: bool) -> RoundResult | None:
+        """The background round, judged, if it has ended (or once it ends, with ``block``);
+        None when there is none or it still runs."""
+        pending = self.pending
+        if pending is None or (not block and not pending.future.done()):
+            return None
+        self.pending = None
+        outcome = self.wait(pending.future)
+        return self.judge(pending.epoch, pending.sent, pending.samples, outcome,
+                          time.monotonic() - pending.started)
+
+    def drop(self) -> None:
+        """Cancel the background round, if any; its result is never applied."""
+        if self.pending is not None:
+            self.pending.future.cancel()
+        self.pending = None
+
+    # -- auxiliary peers ----------------------------------------------------------------
+
+    def assist(self, tracker: TrainingTracker, epoch: int, params: Sequence[torch.Tensor]
+               ) -> tuple[int, RoundInfo | None]:
+        """Wait for the next round (at most ``ready_timeout``) and help reduce it.
+
+        Returns the epoch this peer follows now and the round it joined (None:
+        none was ready in time).  An auxiliary peer never moves the epoch by
+        itself: it follows the trainers' reports.  Were it to advance after
+        every round it joined, a round it shared with a single trainer (say,
+        one that started early) would announce an epoch the other trainers
+        never stepped, and they would all think themselves behind.
+        """
+        deadline = time.monotonic() + self.config.ready_timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return epoch, None
+            try:
+                progress = tracker.wait_ready(remaining)
+            except CallTimeoutError:
+                return epoch, None
+            if progress.epoch > epoch:
+                epoch = progress.epoch   # follow the trainers; then wait for readiness
+                tracker.update_epoch(epoch)
+                continue
+            if self._assisted is None or epoch > self._assisted:
+                break
+            time.sleep(AUXILIARY_POLL)  # this epoch's round is done: wait for the next epoch
+        self._assisted = epoch
+        shapes = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+        start = time.monotonic()
+        self._counters["rounds"] += 1
+        outcome = self.wait(self.start(epoch, shapes, 0, auxiliary=True))
+        seconds = time.monotonic() - start
+        if isinstance(outcome, BaseException):
+            self._counters["failed"] += 1
+            return epoch, RoundInfo(epoch, "failed", 1, 0, seconds, str(outcome))
+        self._counters["averaged"] += 1
+        return epoch, RoundInfo(epoch, "averaged", len(outcome.group.members), 0, seconds)
+

@@ -1,0 +1,328 @@
+"""The training state as peers and checkpoints see it: :class:`StateKeeper`.
+
+The full state is one dictionary (format :data:`STATE_FORMAT`): the epoch,
+the mode, the parameters, the wrapped optimizer's and the scheduler's state,
+and what the strategy adds (DiLoCo's anchor and momentum).  It serializes
+deterministically, so peers with equal states have equal SHA-256 digests.
+
+:class:`StateKeeper` holds the epoch with it and does everything that moves
+the state in or out of this peer:
+
+* offer it to joiners after each global step (``node.state_sync.share``);
+* download the newest one when this peer is behind (catch-up), or adopt the
+  epoch when that keeps failing;
+* after a failed or partial round, compare digests with the peers at the
+  same epoch (``node.state_sync.offers``) and download the agreed one if
+  this peer's differs (the consistency check);
+* write checkpoints every N epochs and resume from the newest
+  (``_checkpoint``).
+
+It decides and reports; the :class:`~p2pdl.Optimizer` resets its
+accumulation and tells the progress tracker when a new state came in.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import hashlib
+import io
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+import torch
+from libp2p.peer.id import ID
+
+from ..errors import CallTimeoutError, CheckpointError, ConfigError, StateSyncError
+from ._checkpoint import CheckpointPolicy, latest_checkpoint, load_checkpoint, save_checkpoint
+from ._node_api import TrainingNode, TrainingTracker
+from ._strategies import Strategy, check_like
+from .config import OptimizerConfig
+
+__all__ = ["StateKeeper", "CatchUp", "STATE_FORMAT", "MAX_SYNC_FAILURES", "CHECK_RETRY",
+           "MAX_CHECKS"]
+
+logger = logging.getLogger(__name__)
+
+#: Version of the state dictionary shared with joiners and written to checkpoints.
+STATE_FORMAT = 1
+#: Failed state downloads in a row after which a peer that is behind adopts the epoch.
+MAX_SYNC_FAILURES = 3
+#: Seconds between consistency checks while the others have not shared the epoch yet.
+CHECK_RETRY = 0.2
+#: Consistency checks after which a peer stops looking for the others' state of its epoch.
+MAX_CHECKS = 50
+
+
+class CatchUp(enum.Enum):
+    """What a peer that is behind does now (:meth:`StateKeeper.catch_up`)."""
+
+    #: The swarm's state was downloaded and loaded.
+    SYNCED = "synced"
+    #: Take the swarm's epoch with this peer's own parameters.
+    ADOPT = "adopt"
+    #: Nothing yet: the last download failed a moment ago.
+    WAIT = "wait"
+
+
+class StateKeeper:
+    """The epoch and the full state of one run: share, fetch, check, checkpoint.
+
+    ``epoch`` is the number of global steps the state has taken; ``suspect``
+    says that the last round may have left this peer's state apart from the
+    others' (a consistency check is due).  Called from the training thread.
+    """
+
+    def __init__(self, node: TrainingNode, run_id: str, config: OptimizerConfig, *,
+                 optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
+                 scheduler: Any, strategy: Strategy) -> None:
+        self.node = node
+        self.run_id = run_id
+        self.config = config
+        self.optimizer = optimizer
+        self.params = list(params)
+        self.scheduler = scheduler
+        self.strategy = strategy
+        self.epoch = 0
+        self.suspect = False
+        self.policy = (CheckpointPolicy(config.checkpoint_dir, config.checkpoint_every,
+                                        config.checkpoint_keep)
+                       if config.checkpoint_dir is not None else None)
+        self._checks = 0
+        self._next_check = 0.0
+        self._next_sync = 0.0
+        self._sync_failures = 0
+        self._shared_digest: tuple[int, bytes] | None = None
+        self._last_checkpoint: int | None = None
+        self._counters = {"state_syncs": 0, "state_sync_failures": 0, "checkpoints": 0,
+                          "shared": 0, "consistency_checks": 0, "repairs": 0}
+
+    def statistics(self) -> dict[str, int]:
+        """State syncs (and failures), checkpoints, shares, consistency checks, repairs."""
+        return dict(self._counters)
+
+    # -- the full state -----------------------------------------------------------------
+
+    def full_state(self) -> dict[str, Any]:
+        """The state as shared and checkpointed (the tensors are the live ones)."""
+        return {"format": STATE_FORMAT, "epoch": self.epoch, "mode": self.config.mode,
+                "params": [p.detach() for p in self.params],
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+                "diloco": self.strategy.extra_state()}
+
+    def load(self, state: Any) -> None:
+        """Load a state from a peer or a checkpoint (ConfigError when it does not fit).
+
+        Everything is checked before anything is loaded.
+        """
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ConfigError("the state is not a p2pdl optimizer state of this format")
+        if state.get("mode") != self.config.mode:
+            raise ConfigError(f"the state is of mode {state.get('mode')!r}, this optimizer "
+                              f"runs {self.config.mode!r}")
+        params = state.get("params")
+        epoch = state.get("epoch")
+        if not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError("the state's epoch is invalid")
+        check_like(params, self.params, "parameters")
+        extra = state.get("diloco")
+        self.strategy.check_extra_state(extra)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scheduler is not None and state.get("scheduler") is not None:
+                self.scheduler.load_state_dict(state["scheduler"])
+        except (KeyError, ValueError, TypeError, RuntimeError) as exc:
+            raise ConfigError(f"the state's optimizer state does not fit: {exc}") from None
+        with torch.no_grad():
+            for p, value in zip(self.params, cast(Sequence[torch.Tensor], params), strict=True):
+                p.copy_(value)
+        self.strategy.load_extra_state(extra)
+        self.epoch = epoch
+
+    def serialized(self) -> bytes:
+        """The full state as ``torch.save`` writes it."""
+        buffer = io.BytesIO()
+        torch.save(self.full_state(), buffer)
+        return buffer.getvalue()
+
+    def digest(self) -> bytes:
+        """SHA-256 of the state as shared: equal on every peer with the same state."""
+        if self._shared_digest is not None and self._shared_digest[0] == self.epoch:
+            return self._shared_digest[1]
+        return hashlib.sha256(self.serialized()).digest()
+
+    # -- sharing ------------------------------------------------------------------------
+
+    def share(self, force: bool = False) -> None:
+        """Offer the current state to joiners, every ``share_state_every`` epochs
+        (``force``: now).  Servers only: clients cannot be dialled; auxiliary
+        peers have no state of their own."""
+        if self.config.auxiliary or self.node.client_mode:
+            return
+        if not force and self.epoch % self.config.share_state_every:
+            return
+        payload = self.serialized()
+        self.node.state_sync.share(self.run_id, self.epoch, payload)
+        self._shared_digest = (self.epoch, hashlib.sha256(payload).digest())
+        self._counters["shared"] += 1
+
+    def unshare(self) -> None:
+        """Stop offering the state (NodeClosedError when the node is gone)."""
+        self.node.state_sync.unshare(self.run_id)
+
+    def after_step(self) -> None:
+        """A global step was taken: share the new state, checkpoint it when due."""
+        self.share()
+        if self.policy is not None and self.policy.due(self.epoch, self._last_checkpoint):
+            self.save_checkpoint()
+
+    # -- downloading --------------------------------------------------------------------
+
+    def download(self, tracker: TrainingTracker, min_epoch: int,
+                 timeout: float | None = None) -> bool:
+        """Download and load the newest state at ``min_epoch`` or later from the serving
+        peers in the tracker's view; True if loaded.  Failures are logged."""
+        donors = [r.peer_id for r in tracker.peers()
+                  if r.epoch >= min_epoch and not r.client_mode and not r.auxiliary]
+        if not donors:
+            logger.info("run %s: no peer can send the state of epoch %d yet", self.run_id,
+                        min_epoch)
+            return False
+        try:
+            download = self.node.state_sync.fetch(
+                self.run_id, [ID(d) for d in donors], min_epoch=min_epoch,
+                timeout=timeout or self.config.sync_timeout)
+            state = torch.load(io.BytesIO(download.payload), map_location="cpu",
+                               weights_only=True)
+            self.load(state)
+        except (StateSyncError, CallTimeoutError, ConfigError) as exc:
+            self._counters["state_sync_failures"] += 1
+            logger.warning("run %s: state sync failed: %s", self.run_id, exc)
+            return False
+        except Exception as exc:  # unpickling garbage from a donor
+            self._counters["state_sync_failures"] += 1
+            logger.warning("run %s: the downloaded state is unusable: %r", self.run_id, exc)
+            return False
+        self._counters["state_syncs"] += 1
+        self.suspect = False
+        logger.info("run %s: synced state of epoch %d from %d donor(s) in %.1f s "
+                    "(%.1f MB)", self.run_id, download.epoch, len(download.donors),
+                    download.seconds, len(download.payload) / 1e6)
+        return True
+
+    def catch_up(self, tracker: TrainingTracker, swarm_epoch: int) -> CatchUp:
+        """The swarm is at ``swarm_epoch``, past this peer: download its state, or say
+        to adopt the epoch (``state_sync=False``, or after :data:`MAX_SYNC_FAILURES`
+        failed downloads), or to wait (``sync_retry`` between attempts)."""
+        if not self.config.state_sync:
+            logger.info("run %s: behind (epoch %d < %d); adopting the epoch", self.run_id,
+                        self.epoch, swarm_epoch)
+            return CatchUp.ADOPT
+        if time.monotonic() < self._next_sync:
+            return CatchUp.WAIT
+        if self.download(tracker, min_epoch=swarm_epoch):
+            self._sync_failures = 0
+            return CatchUp.SYNCED
+        self._sync_failures += 1
+        self._next_sync = time.monotonic() + self.config.sync_retry
+        if self._sync_failures < MAX_SYNC_FAILURES:
+            return CatchUp.WAIT
+        logger.warning("run %s: no state after %d attempts; adopting epoch %d with this "
+                       "peer's own parameters", self.run_id, self._sync_failures, swarm_epoch)
+        self._sync_failures = 0
+        return CatchUp.ADOPT
+
+    # -- the consistency check ----------------------------------------------------------
+
+    def mark_suspect(self) -> None:
+        """The last round failed or was partial: check before the next round."""
+        self.suspect = True
+
+    def check_due(self) -> bool:
+        """Whether a consistency check should run now."""
+        return self.suspect and time.monotonic() >= self._next_check
+
+    def check_consistency(self, tracker: TrainingTracker) -> bool:
+        """Is this peer's state the swarm's?  True if it was replaced by the agreed one.
+
+        Every peer at this epoch that serves state says its state's digest
+        (``node.state_sync.offers``).  The digest most of them and this peer
+        hold wins, ties to the smallest (so that every checking peer picks
+        the same); a peer that holds another downloads the winner.  While no
+        peer offers this epoch, it asks again after :data:`CHECK_RETRY` s, and
+        gives up after :data:`MAX_CHECKS` tries.
+        """
+        self._checks += 1
+        self._next_check = time.monotonic() + CHECK_RETRY
+        give_up = self._checks >= MAX_CHECKS
+        donors = [r.peer_id for r in tracker.peers()
+                  if r.epoch == self.epoch and not r.client_mode and not r.auxiliary]
+        offers = self.node.state_sync.offers(self.run_id, [ID(d) for d in donors]) \
+            if donors else {}
+        same = {peer: digest for peer, (epoch, digest) in offers.items() if epoch == self.epoch}
+        if not same:
+            logger.debug("run %s epoch %d: no peer offers this epoch's state yet (asked %d, "
+                         "offers %s)", self.run_id, self.epoch, len(donors), offers)
+            if give_up:
+                logger.info("run %s epoch %d: no peer offered this epoch's state to compare "
+                            "with; the consistency check is dropped", self.run_id, self.epoch)
+                self.suspect, self._checks = False, 0
+            return False   # the others have not shared this epoch yet: ask again soon
+        self._counters["consistency_checks"] += 1
+        self.suspect, self._checks = False, 0
+        mine = self.digest()
+        counts = collections.Counter(same.values())
+        counts[mine] += 1
+        winner = min(counts, key=lambda d: (-counts[d], d))
+        logger.info("run %s epoch %d: consistency check: this peer's state is %s of %d "
+                    "peers'", self.run_id, self.epoch,
+                    "the agreed one" if winner == mine else "not the agreed one",
+                    sum(counts.values()))
+        if winner == mine:
+            return False
+        holders = [peer for peer, digest in same.items() if digest == winner]
+        logger.warning("run %s epoch %d: this peer's state differs from %d of %d peers' "
+                       "after a failed or partial round; downloading theirs", self.run_id,
+                       self.epoch, counts[winner], sum(counts.values()))
+        try:
+            download = self.node.state_sync.fetch(self.run_id, holders, min_epoch=self.epoch,
+                                                  digest=winner,
+                                                  timeout=self.config.sync_timeout)
+            self.load(torch.load(io.BytesIO(download.payload), map_location="cpu",
+                                 weights_only=True))
+        except Exception as exc:  # the download or its content failed: train on
+            self._counters["state_sync_failures"] += 1
+            logger.warning("run %s: repairing the state failed: %s", self.run_id, exc)
+            return False
+        self._counters["repairs"] += 1
+        return True
+
+    # -- checkpoints --------------------------------------------------------------------
+
+    def save_checkpoint(self) -> None:
+        """Write a checkpoint of the current state now (ConfigError without
+        ``checkpoint_dir``; a failed write is logged)."""
+        if self.policy is None:
+            raise ConfigError("save_checkpoint needs checkpoint_dir")
+        try:
+            save_checkpoint(self.policy.directory, self.full_state(), self.epoch,
+                            keep=self.policy.keep)
+        except CheckpointError as exc:
+            logger.error("run %s: checkpoint of epoch %d failed: %s", self.run_id,
+                         self.epoch, exc)
+            return
+        self._last_checkpoint = self.epoch
+        self._counters["checkpoints"] += 1
+
+    def resume(self) -> bool:
+        """Load the newest intact checkpoint, if any; True if one was loaded."""
+        if self.policy is None or latest_checkpoint(self.policy.directory) is None:
+            return False
+        state, epoch = load_checkpoint(self.policy.directory)
+        self.load(state)
+        self._last_checkpoint = epoch
+        logger.info("run %s: resumed from the checkpoint of epoch %d", self.run_id, epoch)
+        return True

@@ -1,0 +1,226 @@
+"""The two ways of training with the swarm: :class:`DeDLOCStrategy` and :class:`DiLoCoStrategy`.
+
+A :class:`Strategy` says what happens to each batch, what a round averages,
+how the average is applied, what a round that found no group leaves to apply,
+and what it adds to the shared state.  Neither touches the network: the
+:class:`~p2pdl.Optimizer` hands them tensors and gets tensors back.
+
+* DeDLOC: each batch's gradients go into an accumulator, weighted by its
+  samples; a round averages the mean gradients and the wrapped optimizer
+  steps once with the average.
+* DiLoCo: each batch is a local (inner) step; a round averages the parameter
+  deltas since the last outer step, ``anchor - params``, and an outer
+  Nesterov-momentum SGD step moves the anchor, where every peer goes on from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import torch
+
+from ..errors import ConfigError
+from .config import ON_FAILURE, OptimizerConfig
+
+__all__ = ["Strategy", "DeDLOCStrategy", "DiLoCoStrategy", "make_strategy", "check_like"]
+
+
+class Strategy(Protocol):
+    """What one mode does around a round.  Every method runs in the training thread."""
+
+    def on_batch(self, samples: int) -> None:
+        """The user's ``step()`` with a batch of ``samples`` (its gradients are in ``p.grad``)."""
+        ...
+
+    def reset(self) -> None:
+        """Forget what was gathered towards the current epoch."""
+        ...
+
+    def round_tensors(self, samples: int) -> list[torch.Tensor]:
+        """What this peer averages, ``samples`` having been counted since the last reset."""
+        ...
+
+    def on_failure(self, sent: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """What to apply when the round that was sent ``sent`` found no group (None: nothing)."""
+        ...
+
+    def apply(self, averaged: list[torch.Tensor] | None) -> None:
+        """The global step with a round's result (None: the round is skipped)."""
+        ...
+
+    def extra_state(self) -> dict[str, list[torch.Tensor]] | None:
+        """What this mode adds to the shared state (None: nothing)."""
+        ...
+
+    def check_extra_state(self, entry: Any) -> None:
+        """Raise ConfigError unless ``entry`` (from a peer or a checkpoint) fits."""
+        ...
+
+    def load_extra_state(self, entry: Any) -> None:
+        """Take ``entry``, already checked with :meth:`check_extra_state`."""
+        ...
+
+
+class DeDLOCStrategy:
+    """Average the gradients of the global batch; one step of the wrapped optimizer per epoch.
+
+    ``accumulators`` hold the sum of each batch's gradients times its samples
+    (float32, made at the first batch with samples).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], *,
+                 clip_grad_norm: float | None = None, on_failure: str = "local") -> None:
+        _check_on_failure(on_failure)
+        self._optimizer = optimizer
+        self._params = list(params)
+        self._clip_grad_norm = clip_grad_norm
+        self._on_failure = on_failure
+        self.accumulators: list[torch.Tensor] | None = None
+
+    def on_batch(self, samples: int) -> None:
+        if samples == 0:
+            return
+        if self.accumulators is None:
+            self.accumulators = [torch.zeros_like(p, dtype=torch.float32) for p in self._params]
+        with torch.no_grad():
+            for p, acc in zip(self._params, self.accumulators, strict=True):
+                if p.grad is not None:
+                    acc.add_(p.grad.to(torch.float32), alpha=float(samples))
+
+    def reset(self) -> None:
+        if self.accumulators is not None:
+            for acc in self.accumulators:
+                acc.zero_()
+
+    def round_tensors(self, samples: int) -> list[torch.Tensor]:
+        """The mean gradients (zeros before any sample)."""
+        if self.accumulators is None or samples == 0:
+            return [torch.zeros_like(p, dtype=torch.float32) for p in self._params]
+        return [acc / samples for acc in self.accumulators]
+
+    def on_failure(self, sent: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """``"local"``: step with this peer's own mean gradients; ``"skip"``: drop them."""
+        return sent if self._on_failure == "local" else None
+
+    def apply(self, averaged: list[torch.Tensor] | None) -> None:
+        if averaged is None:
+            return
+        for p, g in zip(self._params, averaged, strict=True):
+            p.grad = g.to(p.dtype).view_as(p)
+        clip_gradients(self._params, self._clip_grad_norm)
+        self._optimizer.step()
+        self._optimizer.zero_grad(set_to_none=True)
+
+    def extra_state(self) -> None:
+        return None
+
+    def check_extra_state(self, entry: Any) -> None:
+        """Nothing to check: the accumulators are this epoch's and never shared."""
+
+    def load_extra_state(self, entry: Any) -> None:
+        """Nothing to load."""
+
+
+class DiLoCoStrategy:
+    """Local inner steps; an outer Nesterov SGD step on the mean parameter delta per epoch.
+
+    ``anchor`` holds the shared parameters of the last outer step, ``momentum``
+    the outer momentum; both travel with the state (``{"anchor", "momentum"}``).
+    The outer step: ``m = mu*m + d; anchor -= lr*(d + mu*m)``, then every
+    parameter goes back to the anchor.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], *,
+                 outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                 clip_grad_norm: float | None = None, on_failure: str = "local") -> None:
+        _check_on_failure(on_failure)
+        self._optimizer = optimizer
+        self._params = list(params)
+        self._outer_lr = outer_lr
+        self._outer_momentum = outer_momentum
+        self._clip_grad_norm = clip_grad_norm
+        self._on_failure = on_failure
+        self.anchor = [p.detach().clone() for p in self._params]
+        self.momentum = [torch.zeros_like(p) for p in self._params]
+
+    def on_batch(self, samples: int) -> None:
+        """One inner step (clipped); the samples only count towards the epoch."""
+        clip_gradients(self._params, self._clip_grad_norm)
+        self._optimizer.step()
+
+    def reset(self) -> None:
+        """Nothing: the delta is read from the parameters."""
+
+    def round_tensors(self, samples: int) -> list[torch.Tensor]:
+        """The delta since the last outer step, ``anchor - params`` (float32)."""
+        return [a - p.detach().to(torch.float32)
+                for a, p in zip(self.anchor, self._params, strict=True)]
+
+    def on_failure(self, sent: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """``"local"``: the outer step with this peer's own delta; ``"skip"``: none, so
+        :meth:`apply` goes back to the last shared parameters."""
+        return sent if self._on_failure == "local" else None
+
+    def apply(self, averaged: list[torch.Tensor] | None) -> None:
+        """The outer step with the mean delta (None: back to the anchor unchanged)."""
+        mu, lr = self._outer_momentum, self._outer_lr
+        with torch.no_grad():
+            deltas = averaged if averaged is not None else self._params
+            for p, anchor, momentum, d in zip(self._params, self.anchor, self.momentum, deltas,
+                                              strict=True):
+                if averaged is not None:
+                    d = d.view_as(anchor)
+                    momentum.mul_(mu).add_(d)
+                    anchor.sub_(d + mu * momentum, alpha=lr)
+                p.copy_(anchor)
+
+    def extra_state(self) -> dict[str, list[torch.Tensor]]:
+        return {"anchor": list(self.anchor), "momentum": list(self.momentum)}
+
+    def check_extra_state(self, entry: Any) -> None:
+        if not isinstance(entry, dict):
+            raise ConfigError("the state has no DiLoCo outer state")
+        check_like(entry.get("anchor"), self.anchor, "DiLoCo anchor")
+        check_like(entry.get("momentum"), self.momentum, "DiLoCo momentum")
+
+    def load_extra_state(self, entry: Any) -> None:
+        with torch.no_grad():
+            for a, value in zip(self.anchor, entry["anchor"], strict=True):
+                a.copy_(value)
+            for m, value in zip(self.momentum, entry["momentum"], strict=True):
+                m.copy_(value)
+
+
+def make_strategy(config: OptimizerConfig, optimizer: torch.optim.Optimizer,
+                  params: Sequence[torch.Tensor]) -> Strategy:
+    """The strategy of ``config.mode`` over ``optimizer``'s ``params``."""
+    if config.mode == "diloco":
+        return DiLoCoStrategy(optimizer, params, outer_lr=config.outer_lr,
+                              outer_momentum=config.outer_momentum,
+                              clip_grad_norm=config.clip_grad_norm, on_failure=config.on_failure)
+    return DeDLOCStrategy(optimizer, params, clip_grad_norm=config.clip_grad_norm,
+                          on_failure=config.on_failure)
+
+
+def clip_gradients(params: Sequence[torch.Tensor], max_norm: float | None) -> None:
+    """Clip the gradients of ``params`` to ``max_norm`` in total (None: leave them)."""
+    if max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+def check_like(values: Any, reference: Sequence[torch.Tensor], what: str) -> None:
+    """ConfigError unless ``values`` are finite float tensors shaped as ``reference``."""
+    if not isinstance(values, (list, tuple)) or len(values) != len(reference):
+        raise ConfigError(f"the state's {what} do not match this model "
+                          f"({len(reference)} tensors expected)")
+    for i, (value, ref) in enumerate(zip(values, reference, strict=True)):
+        if not isinstance(value, torch.Tensor) or value.shape != ref.shape \
+                or not value.is_floating_point() or not bool(torch.isfinite(value).all()):
+            raise ConfigError(f"the state's {what} tensor {i} does not fit "
+                              f"(expected finite {tuple(ref.shape)})")
+
+
+def _check_on_failure(on_failure: str) -> None:
+    if on_failure not in ON_FAILURE:
+        raise ConfigError(f"on_failure must be one of {ON_FAILURE}, got {on_failure!r}")

@@ -1,0 +1,135 @@
+"""p2pdl.training._node_api: ``p2pdl.Node`` has every member ``TrainingNode`` names,
+with compatible signatures; anything else is a clear ConfigError."""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import p2pdl
+from p2pdl.errors import ConfigError
+from p2pdl.training import (
+    Optimizer,
+    TrainingAveraging,
+    TrainingNode,
+    TrainingProgress,
+    TrainingStateSync,
+    TrainingTracker,
+)
+from p2pdl.training._node_api import REQUIRED_MEMBERS, check_training_node
+
+from .fake_node import FakeNode
+
+pytestmark = pytest.mark.timeout(60)
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+def protocol_members(protocol: type) -> dict[str, object]:
+    return {name: value for name, value in vars(protocol).items()
+            if not name.startswith("_") and (callable(value) or isinstance(value, property))}
+
+
+def incompatibilities(implementation: object, protocol: type) -> list[str]:
+    """Why ``implementation`` does not provide ``protocol``'s methods (by name and parameters)."""
+    problems = []
+    for name, member in protocol_members(protocol).items():
+        if isinstance(member, property):
+            if not hasattr(type(implementation), name) and name not in vars(implementation):
+                problems.append(f"no {name}")
+            continue
+        impl = getattr(implementation, name, None)
+        if impl is None:
+            problems.append(f"no {name}()")
+            continue
+        wanted = list(inspect.signature(member).parameters.values())[1:]   # without self
+        given = inspect.signature(impl).parameters
+        positional = [p for p in given.values()
+                      if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        var_keyword = any(p.kind is p.VAR_KEYWORD for p in given.values())
+        for i, param in enumerate(wanted):
+            if param.kind is param.POSITIONAL_OR_KEYWORD:
+                if i >= len(positional) or positional[i].name != param.name:
+                    problems.append(f"{name}(): {param.name} is not positional argument {i}")
+                    continue
+                other = positional[i]
+            elif param.kind is param.KEYWORD_ONLY:
+                other = given.get(param.name)
+                if other is None or other.kind is other.POSITIONAL_ONLY:
+                    if not var_keyword:
+                        problems.append(f"{name}(): takes no {param.name}=")
+                    continue
+            else:
+                continue
+            if param.default is not param.empty and other.default is other.empty:
+                problems.append(f"{name}(): {param.name} has no default")
+        named = {p.name for p in wanted}
+        for other in given.values():
+            if other.default is other.empty and other.name not in named \
+                    and other.kind not in (other.VAR_POSITIONAL, other.VAR_KEYWORD):
+                problems.append(f"{name}(): needs {other.name}, which the optimizer never passes")
+    return problems
+
+
+def test_the_sync_node_provides_every_member_of_training_node():
+    with p2pdl.Node(listen=LOOPBACK) as node:
+        assert check_training_node(node) is node
+        assert incompatibilities(node, TrainingNode) == []
+        assert incompatibilities(node.progress, TrainingProgress) == []
+        assert incompatibilities(node.averaging, TrainingAveraging) == []
+        assert incompatibilities(node.state_sync, TrainingStateSync) == []
+        with node.progress.track("conformance", 8) as tracker:
+            assert incompatibilities(tracker, TrainingTracker) == []
+
+
+def test_required_members_are_exactly_the_protocols():
+    named = set()
+    for attribute, protocol in [("progress", TrainingProgress), ("averaging", TrainingAveraging),
+                                ("state_sync", TrainingStateSync)]:
+        named |= {f"{attribute}.{m}" for m in protocol_members(protocol)}
+    assert set(REQUIRED_MEMBERS) == named | {"client_mode"}
+
+
+def test_a_fake_node_with_the_members_is_accepted():
+    node = FakeNode()
+    assert check_training_node(node) is node
+    assert incompatibilities(node, TrainingNode) == []
+    assert incompatibilities(node.averaging, TrainingAveraging) == []
+    assert incompatibilities(node.state_sync, TrainingStateSync) == []
+    assert incompatibilities(node.tracker, TrainingTracker) == []
+
+
+@pytest.mark.parametrize("node, missing", [
+    (object(), "client_mode"),
+    (SimpleNamespace(client_mode=False, progress=SimpleNamespace(track=None)), "averaging"),
+    (FakeNode(averaging=SimpleNamespace(all_reduce=None)), "averaging.start_round"),
+])
+def test_anything_else_is_a_config_error_naming_what_is_missing(node, missing):
+    with pytest.raises(ConfigError, match=f"node must be a running p2pdl.Node .*{missing}"):
+        check_training_node(node)
+
+
+def test_a_trio_node_is_refused_with_the_way_out():
+    model = torch.nn.Linear(2, 1)
+    with p2pdl.Node(listen=LOOPBACK) as node:
+        with pytest.raises(ConfigError, match="trio programs run the training loop in a thread"):
+            Optimizer(node=node.trio_node, run_id="trio",
+                      optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                      target_batch_size=8)
+
+
+def test_the_comparison_catches_what_would_break_the_optimizer():
+    class Wrong:
+        def share(self, run_id, payload, epoch): ...
+        def unshare(self, run_id, now): ...
+        def fetch(self, run_id, donors, *, min_epoch): ...
+
+    assert incompatibilities(Wrong(), TrainingStateSync) == [
+        "share(): epoch is not positional argument 1",
+        "share(): payload is not positional argument 2",
+        "unshare(): needs now, which the optimizer never passes",
+        "fetch(): min_epoch has no default", "fetch(): takes no timeout=",
+        "fetch(): takes no digest=", "no offers()"]

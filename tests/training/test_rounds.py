@@ -1,0 +1,148 @@
+"""p2pdl.training._rounds: starting, waiting for and judging rounds, on a fake node."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import pytest
+import torch
+
+from p2pdl.averaging import AllReduceConfig
+from p2pdl.errors import CallTimeoutError, MatchmakingFailedError
+from p2pdl.training import OptimizerConfig, Rounds
+
+from .fake_node import FakeNode, FakeTracker, averaged, progress
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def rounds(node: FakeNode | None = None, **options: object) -> Rounds:
+    return Rounds(node or FakeNode(), "run", OptimizerConfig(**options))
+
+
+def done(value: object) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    if isinstance(value, BaseException):
+        future.set_exception(value)
+    else:
+        future.set_result(value)
+    return future
+
+
+def test_a_round_is_started_with_the_configured_options():
+    node = FakeNode()
+    allreduce = AllReduceConfig()
+    r = rounds(node, matchmaking_time=3.0, target_group_size=4, bandwidth=1e6, reduce_rate=2e6,
+               allreduce=allreduce)
+    tensors = [torch.zeros(2)]
+    r.start(5, tensors, 12)
+    (call,) = node.averaging.calls
+    assert call == {"run_id": "run", "epoch": 5, "tensors": tensors, "weight": 12.0,
+                    "config": allreduce, "inplace": True, "on_group": None,
+                    "auxiliary": False, "matchmaking_time": 3.0, "target_group_size": 4,
+                    "bandwidth": 1e6, "reduce_rate": 2e6}
+    assert isinstance(call["weight"], float)
+
+
+def test_judging_an_averaged_a_partial_and_a_failed_round():
+    r = rounds()
+    sent = [torch.ones(2)]
+    back = [torch.full((2,), 3.0)]
+    result = r.judge(1, sent, 8, averaged(back, members=3), 0.5)
+    assert result.averaged is back and result.sent is sent
+    assert (result.info.outcome, result.info.group_size, result.info.samples) == ("averaged", 3, 8)
+    partial = r.judge(2, sent, 8, averaged(back, incomplete=(1,)), 0.5)
+    assert partial.info.outcome == "partial" and partial.averaged is back
+    assert partial.info.error == "parts [1] incomplete"
+    failed = r.judge(3, sent, 8, MatchmakingFailedError("nobody came"), 0.5)
+    assert failed.info.outcome == "failed" and failed.averaged is None
+    assert failed.info.group_size == 1 and failed.info.error == "nobody came"
+    assert r.statistics() == {"rounds": 0, "averaged": 1, "partial": 1, "alone": 0, "failed": 1}
+
+
+def test_run_waits_for_the_round_and_alone_takes_its_own_values():
+    node = FakeNode()
+    back = [torch.full((2,), 3.0)]
+    node.averaging.futures.append(done(averaged(back)))
+    r = rounds(node)
+    sent = [torch.ones(2)]
+    result = r.run(0, sent, 4, alone=False)
+    assert result.info.outcome == "averaged" and result.averaged is back
+    alone = r.run(1, sent, 4, alone=True)
+    assert alone.info.outcome == "alone" and alone.averaged is sent
+    assert len(node.averaging.calls) == 1   # no round for a peer alone
+    assert r.statistics() == {"rounds": 2, "averaged": 1, "partial": 0, "alone": 1, "failed": 0}
+
+
+def test_waiting_past_the_limit_cancels_the_round_and_errors_are_returned():
+    node = FakeNode()
+    node.averaging.limit = 0.05
+    r = rounds(node)
+    hanging: concurrent.futures.Future = concurrent.futures.Future()
+    outcome = r.wait(hanging)
+    assert isinstance(outcome, CallTimeoutError) and hanging.cancelled()
+    error = MatchmakingFailedError("no group")
+    assert r.wait(done(error)) is error
+    with pytest.raises(KeyError):   # not a p2pdl error: a bug, raised
+        r.wait(done(KeyError("bug")))
+
+
+def test_a_background_round_matches_until_its_group_forms_then_finishes():
+    node = FakeNode()
+    r = rounds(node)
+    sent = [torch.ones(2)]
+    r.start_background(7, sent, 16)
+    assert r.pending is not None and r.pending.epoch == 7 and r.matching()
+    assert r.finish(block=False) is None   # still running
+    node.averaging.calls[0]["on_group"](object())   # the node's thread: the group formed
+    assert not r.matching()
+    back = [torch.full((2,), 2.0)]
+    r.pending.future.set_result(averaged(back))
+    result = r.finish(block=False)
+    assert result is not None and result.info.epoch == 7 and result.averaged is back
+    assert r.pending is None and r.finish(block=True) is None
+    r.start_background(8, sent, 16)
+    future = r.pending.future
+    r.drop()
+    assert future.cancelled() and r.pending is None and not r.matching()
+
+
+def test_alone_counts_trainers_and_discovery_waits_for_the_others():
+    r = rounds(discovery_time=60.0)
+    assert r.alone(progress(num_peers=2, num_auxiliary=1))
+    assert not r.alone(progress(num_peers=3, num_auxiliary=1))
+    assert r.discovering()   # started a moment ago
+    assert not rounds(discovery_time=0).discovering()
+    quick = rounds(discovery_time=0.05)
+    time.sleep(0.1)
+    assert not quick.discovering()
+    quick.observe(progress(num_peers=2))   # another trainer: the clock starts again
+    assert quick.discovering()
+
+
+def test_an_auxiliary_peer_follows_the_epoch_joins_once_per_epoch():
+    node = FakeNode()
+    tracker = FakeTracker(view=[progress(2, ready=True)])
+    node.averaging.futures.append(done(averaged([torch.zeros(3)], members=3)))
+    r = rounds(node, auxiliary=True, ready_timeout=0.3)
+    params = [torch.ones(3, dtype=torch.float16)]
+    epoch, info = r.assist(tracker, 0, params)
+    assert epoch == 2 and tracker.epochs == [2]   # followed the trainers first
+    assert info is not None and info.outcome == "averaged" and info.group_size == 3
+    (call,) = node.averaging.calls
+    assert call["auxiliary"] is True and call["weight"] == 0.0 and call["epoch"] == 2
+    assert call["tensors"][0].dtype == torch.float32 and not call["tensors"][0].any()
+    again = r.assist(tracker, 2, params)   # this epoch's round is done: wait for the next
+    assert again == (2, None) and len(node.averaging.calls) == 1
+    not_ready = rounds(node, auxiliary=True, ready_timeout=0.05)
+    assert not_ready.assist(FakeTracker(view=[progress(2)]), 2, params) == (2, None)
+
+
+def test_an_auxiliary_round_that_fails_is_reported():
+    node = FakeNode()
+    node.averaging.futures.append(done(MatchmakingFailedError("alone")))
+    r = rounds(node, auxiliary=True, ready_timeout=1.0)
+    epoch, info = r.assist(FakeTracker(view=[progress(0, ready=True)]), 0, [torch.ones(1)])
+    assert epoch == 0 and info is not None and info.outcome == "failed"
+    assert r.statistics()["failed"] == 1 and r.statistics()["rounds"] == 1

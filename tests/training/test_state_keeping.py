@@ -1,0 +1,211 @@
+"""p2pdl.training._state_keeping: the full state, share, fetch, consistency checks and
+checkpoints, on a fake node."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import time
+
+import pytest
+import torch
+from libp2p.peer.id import ID
+
+from p2pdl.errors import ConfigError
+from p2pdl.training import CatchUp, OptimizerConfig, StateKeeper
+from p2pdl.training._state_keeping import MAX_CHECKS, MAX_SYNC_FAILURES
+from p2pdl.training._strategies import make_strategy
+
+from .fake_node import FakeNode, FakeTracker, report
+
+pytestmark = pytest.mark.timeout(30)
+
+PEER_A, PEER_B, PEER_C = b"peer-a", b"peer-b", b"peer-c"
+
+
+def keeper(node: FakeNode | None = None, weight: float = 1.0, **options: object
+           ) -> tuple[StateKeeper, torch.nn.Linear]:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    with torch.no_grad():
+        model.weight.fill_(weight)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    config = OptimizerConfig(**options)
+    params = list(model.parameters())
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, 2, 0.5)
+    return StateKeeper(node or FakeNode(), "run", config, optimizer=opt, params=params,
+                       scheduler=scheduler, strategy=make_strategy(config, opt, params)), model
+
+
+def trained(k: StateKeeper, model: torch.nn.Linear, steps: int = 2) -> None:
+    for _ in range(steps):
+        model(torch.ones(1, 3)).sum().backward()
+        k.optimizer.step()
+        k.optimizer.zero_grad()
+        k.scheduler.step()
+        k.epoch += 1
+
+
+@pytest.mark.parametrize("mode", ["dedloc", "diloco"])
+def test_the_full_state_round_trips_through_bytes_and_digests_agree(mode):
+    source, model = keeper(mode=mode)
+    trained(source, model)
+    target, other = keeper(weight=5.0, mode=mode)
+    assert target.digest() != source.digest()
+    state = torch.load(io.BytesIO(source.serialized()), weights_only=True)
+    assert sorted(state) == ["diloco", "epoch", "format", "mode", "optimizer", "params",
+                             "scheduler"]
+    target.load(state)
+    assert target.epoch == 2
+    assert torch.equal(other.weight, model.weight)
+    assert target.scheduler.state_dict() == source.scheduler.state_dict()
+    assert target.digest() == source.digest()   # deterministic serialization
+    if mode == "diloco":
+        assert sorted(state["diloco"]) == ["anchor", "momentum"]
+    else:
+        assert state["diloco"] is None
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda s: "not a dict", "not a p2pdl optimizer state"),
+    (lambda s: {**s, "format": 99}, "not a p2pdl optimizer state"),
+    (lambda s: {**s, "mode": "diloco"}, "of mode 'diloco'"),
+    (lambda s: {**s, "epoch": -1}, "epoch is invalid"),
+    (lambda s: {**s, "params": s["params"][:1]}, "parameters do not match"),
+    (lambda s: {**s, "params": [torch.zeros(4, 4), s["params"][1]]}, "parameters tensor 0"),
+    (lambda s: {**s, "optimizer": {"state": {}, "param_groups": []}}, "optimizer state"),
+])
+def test_a_state_that_does_not_fit_is_refused_and_nothing_is_loaded(change, match):
+    source, _ = keeper(weight=2.0)
+    source.epoch = 3
+    target, model = keeper(weight=1.0)
+    with pytest.raises(ConfigError, match=match):
+        target.load(change(source.full_state()))
+    assert target.epoch == 0 and bool((model.weight == 1.0).all())
+
+
+def test_a_diloco_state_needs_the_outer_state():
+    source, _ = keeper(mode="diloco")
+    target, _ = keeper(mode="diloco")
+    with pytest.raises(ConfigError, match="DiLoCo outer state"):
+        target.load({**source.full_state(), "diloco": None})
+
+
+def test_servers_share_every_n_epochs_clients_and_auxiliary_peers_never():
+    node = FakeNode()
+    k, _ = keeper(node, share_state_every=2)
+    k.epoch = 1
+    k.share()
+    assert node.state_sync.shared == []
+    k.share(force=True)
+    k.epoch = 2
+    k.after_step()
+    assert [(e, len(p) > 0) for _, e, p in node.state_sync.shared] == [(1, True), (2, True)]
+    assert k.statistics()["shared"] == 2
+    assert k.digest() == hashlib.sha256(node.state_sync.shared[-1][2]).digest()
+    client = FakeNode(client_mode=True)
+    keeper(client)[0].share(force=True)
+    helper = FakeNode()
+    keeper(helper, auxiliary=True)[0].share(force=True)
+    assert client.state_sync.shared == [] and helper.state_sync.shared == []
+
+
+def test_catching_up_downloads_from_serving_peers_ahead():
+    node = FakeNode()
+    source, model = keeper()
+    trained(source, model, steps=3)
+    node.state_sync.payloads.append((3, source.serialized()))
+    k, mine = keeper(node, weight=7.0)
+    k.mark_suspect()
+    tracker = FakeTracker(reports=[report(PEER_A, 3), report(PEER_B, 3, client_mode=True),
+                                   report(PEER_C, 3, auxiliary=True), report(b"old", 1)])
+    assert k.catch_up(tracker, 3) is CatchUp.SYNCED
+    (fetch,) = node.state_sync.fetched
+    assert fetch["donors"] == [ID(PEER_A)] and fetch["min_epoch"] == 3
+    assert fetch["timeout"] == k.config.sync_timeout
+    assert k.epoch == 3 and torch.equal(mine.weight, model.weight) and not k.suspect
+    assert k.statistics()["state_syncs"] == 1
+
+
+def test_catching_up_waits_between_failures_then_adopts_the_epoch():
+    node = FakeNode()
+    k, _ = keeper(node, sync_retry=0.01)
+    tracker = FakeTracker(reports=[report(PEER_A, 5)])
+    verdicts = []
+    for _ in range(MAX_SYNC_FAILURES):
+        verdicts.append(k.catch_up(tracker, 5))
+        verdicts.append(k.catch_up(tracker, 5))   # too soon: no new attempt
+        time.sleep(0.02)
+    assert verdicts == [CatchUp.WAIT] * (2 * MAX_SYNC_FAILURES - 2) + [CatchUp.ADOPT,
+                                                                        CatchUp.WAIT]
+    assert len(node.state_sync.fetched) == MAX_SYNC_FAILURES
+    assert k.statistics()["state_sync_failures"] == MAX_SYNC_FAILURES
+    assert k.epoch == 0   # adopting is the optimizer's: it resets and advances
+    garbage = FakeNode()
+    garbage.state_sync.payloads.append((5, b"not a torch file"))
+    g, _ = keeper(garbage)
+    assert not g.download(tracker, 5)
+    assert g.statistics()["state_sync_failures"] == 1
+    assert keeper(state_sync=False)[0].catch_up(tracker, 5) is CatchUp.ADOPT
+    assert not k.download(FakeTracker(), 5)   # nobody to ask
+
+
+def test_the_consistency_check_downloads_the_majoritys_state():
+    node = FakeNode()
+    agreed, model = keeper(weight=2.0)
+    agreed.epoch = 4
+    k, mine = keeper(node, weight=3.0)
+    k.epoch = 4
+    k.mark_suspect()
+    assert k.check_due()
+    theirs = agreed.digest()
+    node.state_sync.offered = {ID(PEER_A): (4, theirs), ID(PEER_B): (4, theirs),
+                               ID(PEER_C): (3, b"older")}
+    node.state_sync.payloads.append((4, agreed.serialized()))
+    tracker = FakeTracker(reports=[report(PEER_A, 4), report(PEER_B, 4), report(PEER_C, 4)])
+    assert k.check_consistency(tracker)
+    (fetch,) = node.state_sync.fetched
+    assert fetch["digest"] == theirs and set(fetch["donors"]) == {ID(PEER_A), ID(PEER_B)}
+    assert torch.equal(mine.weight, model.weight) and not k.suspect and not k.check_due()
+    assert k.statistics()["consistency_checks"] == 1 and k.statistics()["repairs"] == 1
+
+
+def test_a_tie_goes_to_the_smallest_digest():
+    for other, downloads in [(b"\xff" * 32, 0), (b"\x00" * 32, 1)]:
+        node = FakeNode()
+        k, _ = keeper(node)
+        k.mark_suspect()
+        node.state_sync.offered = {ID(PEER_A): (0, other)}   # one against one
+        assert not k.check_consistency(FakeTracker(reports=[report(PEER_A, 0)]))
+        assert [f["digest"] for f in node.state_sync.fetched] == [other] * downloads
+        assert not k.suspect and k.statistics()["consistency_checks"] == 1
+        assert k.statistics()["state_sync_failures"] == downloads   # the fake has no payload
+
+
+def test_the_consistency_check_asks_again_while_nobody_offers_then_gives_up():
+    node = FakeNode()
+    k, _ = keeper(node)
+    k.mark_suspect()
+    tracker = FakeTracker(reports=[report(PEER_A, 0)])
+    assert not k.check_consistency(tracker)
+    assert k.suspect and not k.check_due()   # again after CHECK_RETRY
+    for _ in range(MAX_CHECKS - 1):
+        k.check_consistency(tracker)
+    assert not k.suspect and k.statistics()["consistency_checks"] == 0
+
+
+def test_checkpoints_are_written_when_due_and_resumed(tmp_path):
+    with pytest.raises(ConfigError, match="checkpoint_dir"):
+        keeper()[0].save_checkpoint()
+    node = FakeNode()
+    k, model = keeper(node, checkpoint_dir=tmp_path, checkpoint_every=2)
+    assert not k.resume()
+    for _ in range(4):
+        trained(k, model, steps=1)
+        k.after_step()
+    assert k.statistics()["checkpoints"] == 2
+    assert sorted(p.name for p in tmp_path.glob("*.pt")) == [
+        "checkpoint-0000000002.pt", "checkpoint-0000000004.pt"]
+    fresh, other = keeper(checkpoint_dir=tmp_path, weight=9.0)
+    assert fresh.resume() and fresh.epoch == 4
+    assert torch.equal(other.weight, model.weight)

@@ -1,0 +1,233 @@
+"""p2pdl.training._strategies: DeDLOC and DiLoCo on tensors by hand, no network."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from p2pdl.errors import ConfigError
+from p2pdl.training import DeDLOCStrategy, DiLoCoStrategy, OptimizerConfig
+from p2pdl.training._strategies import check_like, make_strategy
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def linear(weight: list[float]) -> torch.nn.Linear:
+    model = torch.nn.Linear(len(weight), 1, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([weight]))
+    return model
+
+
+def dedloc(model: torch.nn.Module, lr: float = 0.1, **options: object
+           ) -> tuple[DeDLOCStrategy, torch.optim.Optimizer]:
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    return DeDLOCStrategy(opt, list(model.parameters()), **options), opt
+
+
+def diloco(model: torch.nn.Module, lr: float = 0.5, **options: object
+           ) -> tuple[DiLoCoStrategy, torch.optim.Optimizer]:
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    return DiLoCoStrategy(opt, list(model.parameters()), **options), opt
+
+
+# -- DeDLOC ------------------------------------------------------------------------------
+
+
+def test_dedloc_accumulates_gradients_weighted_by_samples_and_averages_them():
+    model = linear([0.0, 0.0])
+    strategy, _ = dedloc(model)
+    assert torch.equal(strategy.round_tensors(0)[0], torch.zeros(1, 2))   # before any batch
+    model.weight.grad = torch.tensor([[1.0, 2.0]])
+    strategy.on_batch(3)
+    model.weight.grad = torch.tensor([[5.0, -2.0]])
+    strategy.on_batch(1)
+    strategy.on_batch(0)   # an empty batch adds nothing
+    assert strategy.accumulators is not None
+    assert torch.equal(strategy.accumulators[0], torch.tensor([[8.0, 4.0]]))
+    (mean,) = strategy.round_tensors(4)
+    assert mean.dtype == torch.float32
+    assert torch.equal(mean, torch.tensor([[2.0, 1.0]]))
+    strategy.reset()
+    assert torch.equal(strategy.accumulators[0], torch.zeros(1, 2))
+    assert torch.equal(strategy.round_tensors(0)[0], torch.zeros(1, 2))
+
+
+def test_dedloc_skips_parameters_without_gradients():
+    model = linear([1.0, 1.0])
+    strategy, _ = dedloc(model)
+    model.weight.grad = None
+    strategy.on_batch(4)
+    assert torch.equal(strategy.round_tensors(4)[0], torch.zeros(1, 2))
+
+
+def test_dedloc_apply_steps_the_wrapped_optimizer_once_with_the_average():
+    model = linear([1.0, 2.0])
+    strategy, _ = dedloc(model, lr=0.1)
+    model.weight.grad = torch.tensor([[100.0, 100.0]])   # the local gradients are replaced
+    strategy.apply([torch.tensor([[1.0, -1.0]])])
+    assert torch.allclose(model.weight, torch.tensor([[0.9, 2.1]]))
+    assert model.weight.grad is None   # zeroed after the step
+
+
+def test_dedloc_apply_clips_the_averaged_gradients():
+    model = linear([0.0, 0.0])
+    strategy, _ = dedloc(model, lr=1.0, clip_grad_norm=1.0)
+    strategy.apply([torch.tensor([[3.0, 4.0]])])   # norm 5 -> 1
+    assert torch.allclose(model.weight, torch.tensor([[-0.6, -0.8]]), atol=1e-5)
+
+
+def test_dedloc_apply_none_leaves_the_parameters():
+    model = linear([1.0, 2.0])
+    strategy, _ = dedloc(model)
+    strategy.apply(None)
+    assert torch.equal(model.weight, torch.tensor([[1.0, 2.0]]))
+
+
+@pytest.mark.parametrize("on_failure", ["local", "skip"])
+def test_dedloc_on_failure_local_steps_with_own_gradients_skip_drops_them(on_failure):
+    model = linear([1.0, 2.0])
+    strategy, _ = dedloc(model, lr=0.1, on_failure=on_failure)
+    sent = [torch.tensor([[1.0, 1.0]])]
+    update = strategy.on_failure(sent)
+    strategy.apply(update)
+    if on_failure == "local":
+        assert update is sent
+        assert torch.allclose(model.weight, torch.tensor([[0.9, 1.9]]))
+    else:
+        assert update is None
+        assert torch.equal(model.weight, torch.tensor([[1.0, 2.0]]))
+
+
+def test_dedloc_adds_nothing_to_the_state():
+    strategy, _ = dedloc(linear([1.0]))
+    assert strategy.extra_state() is None
+    strategy.check_extra_state({"anything": 1})   # ignored, as a DeDLOC state's "diloco" entry
+    strategy.load_extra_state(None)
+
+
+# -- DiLoCo ------------------------------------------------------------------------------
+
+
+def test_diloco_batches_are_inner_steps_and_the_round_averages_the_delta():
+    model = linear([1.0, 2.0])
+    strategy, _ = diloco(model, lr=0.5)
+    model.weight.grad = torch.tensor([[1.0, -1.0]])
+    strategy.on_batch(8)
+    assert torch.allclose(model.weight, torch.tensor([[0.5, 2.5]]))
+    (delta,) = strategy.round_tensors(8)
+    assert delta.dtype == torch.float32
+    assert torch.allclose(delta, torch.tensor([[0.5, -0.5]]))   # anchor - params
+    strategy.reset()   # nothing to reset: the delta is read from the parameters
+    assert torch.allclose(strategy.round_tensors(0)[0], delta)
+
+
+def test_diloco_inner_steps_clip_each_batch():
+    model = linear([0.0, 0.0])
+    strategy, _ = diloco(model, lr=1.0, clip_grad_norm=1.0)
+    model.weight.grad = torch.tensor([[3.0, 4.0]])
+    strategy.on_batch(1)
+    assert torch.allclose(model.weight, torch.tensor([[-0.6, -0.8]]), atol=1e-5)
+
+
+def test_diloco_outer_step_is_nesterov_momentum_by_hand():
+    """m = mu m + d; anchor -= lr (d + mu m); the parameters go to the anchor."""
+    model = linear([1.0, 2.0])
+    strategy, _ = diloco(model, outer_lr=0.7, outer_momentum=0.9)
+    anchor = torch.tensor([[1.0, 2.0]])
+    momentum = torch.zeros(1, 2)
+    for d in ([[0.5, -0.5]], [[0.1, 0.3]], [[-0.2, 0.0]]):
+        delta = torch.tensor(d)
+        with torch.no_grad():
+            model.weight.add_(1.0)   # wherever the inner steps went
+        strategy.apply([delta])
+        momentum = 0.9 * momentum + delta
+        anchor = anchor - 0.7 * (delta + 0.9 * momentum)
+        assert torch.allclose(strategy.anchor[0], anchor)
+        assert torch.allclose(strategy.momentum[0], momentum)
+        assert torch.equal(model.weight.detach(), strategy.anchor[0])
+
+
+def test_diloco_apply_accepts_a_flat_average():
+    model = linear([1.0, 2.0])
+    strategy, _ = diloco(model, outer_lr=1.0, outer_momentum=0.0)
+    strategy.apply([torch.tensor([0.5, 0.5])])   # as the all-reduce may hand it back
+    assert torch.allclose(model.weight, torch.tensor([[0.5, 1.5]]))
+
+
+@pytest.mark.parametrize("on_failure", ["local", "skip"])
+def test_diloco_on_failure_local_steps_with_own_delta_skip_goes_back_to_the_anchor(on_failure):
+    model = linear([1.0, 2.0])
+    strategy, _ = diloco(model, lr=0.5, outer_lr=1.0, outer_momentum=0.0,
+                         on_failure=on_failure)
+    model.weight.grad = torch.tensor([[1.0, -1.0]])
+    strategy.on_batch(1)   # params [0.5, 2.5]
+    sent = strategy.round_tensors(1)
+    strategy.apply(strategy.on_failure(sent))
+    if on_failure == "local":   # lr 1, no momentum: the anchor moves to the local params
+        assert torch.allclose(model.weight, torch.tensor([[0.5, 2.5]]))
+    else:
+        assert torch.equal(model.weight.detach(), torch.tensor([[1.0, 2.0]]))
+        assert torch.equal(strategy.momentum[0], torch.zeros(1, 2))
+    assert torch.equal(model.weight.detach(), strategy.anchor[0])
+
+
+def test_diloco_state_holds_anchor_and_momentum_and_loads_them_back():
+    model = linear([1.0, 2.0])
+    strategy, _ = diloco(model)
+    strategy.apply([torch.tensor([[0.5, -0.5]])])
+    state = {k: [t.clone() for t in v] for k, v in strategy.extra_state().items()}
+    assert sorted(state) == ["anchor", "momentum"]
+    other, _ = diloco(linear([9.0, 9.0]))
+    other.check_extra_state(state)
+    other.load_extra_state(state)
+    assert torch.equal(other.anchor[0], strategy.anchor[0])
+    assert torch.equal(other.momentum[0], strategy.momentum[0])
+
+
+@pytest.mark.parametrize("entry, match", [
+    (None, "no DiLoCo outer state"),
+    ({"anchor": [torch.zeros(1, 2)]}, "DiLoCo momentum"),
+    ({"anchor": [torch.zeros(1, 3)], "momentum": [torch.zeros(1, 2)]}, "anchor tensor 0"),
+    ({"anchor": [torch.zeros(1, 2)], "momentum": [torch.tensor([[float("nan"), 0.0]])]},
+     "momentum tensor 0"),
+])
+def test_diloco_refuses_an_outer_state_that_does_not_fit(entry, match):
+    strategy, _ = diloco(linear([1.0, 2.0]))
+    with pytest.raises(ConfigError, match=match):
+        strategy.check_extra_state(entry)
+
+
+# -- choosing and checking -----------------------------------------------------------------
+
+
+def test_make_strategy_follows_the_mode_and_options():
+    model = linear([1.0, 2.0])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    params = list(model.parameters())
+    assert isinstance(make_strategy(OptimizerConfig(), opt, params), DeDLOCStrategy)
+    strategy = make_strategy(OptimizerConfig(mode="diloco", outer_lr=1.0, outer_momentum=0.0,
+                                             on_failure="skip"), opt, params)
+    assert isinstance(strategy, DiLoCoStrategy)
+    assert strategy.on_failure([torch.zeros(1, 2)]) is None
+    strategy.apply([torch.tensor([[1.0, 1.0]])])
+    assert torch.allclose(model.weight, torch.tensor([[0.0, 1.0]]))
+
+
+def test_bad_on_failure_is_a_config_error():
+    model = linear([1.0])
+    with pytest.raises(ConfigError, match="on_failure"):
+        dedloc(model, on_failure="retry")
+    with pytest.raises(ConfigError, match="on_failure"):
+        diloco(model, on_failure="retry")
+
+
+def test_check_like_wants_finite_float_tensors_of_the_same_shapes():
+    reference = [torch.zeros(2), torch.zeros(1, 3)]
+    check_like([torch.ones(2), torch.ones(1, 3)], reference, "parameters")
+    for bad, match in [(None, "do not match"), ([torch.ones(2)], "2 tensors expected"),
+                       ([torch.ones(2), torch.ones(3)], "tensor 1"),
+                       ([torch.ones(2, dtype=torch.int64), torch.ones(1, 3)], "tensor 0"),
+                       ([torch.tensor([1.0, float("inf")]), torch.ones(1, 3)], "finite")]:
+        with pytest.raises(ConfigError, match=match):
+            check_like(bad, reference, "parameters")
