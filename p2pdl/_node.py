@@ -13,8 +13,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
 import trio
@@ -103,7 +104,7 @@ class TrioNode:
     """A running node, for trio code.  Obtain one from :func:`open_node`."""
 
     def __init__(self, host: Host, config: NodeConfig, nursery: trio.Nursery,
-                 admission: AdmissionGate) -> None:
+                 admission: AdmissionGate, clock: Callable[[], float] = time.time) -> None:
         self._host = host
         self._config = config
         self._nursery = nursery
@@ -111,7 +112,7 @@ class TrioNode:
         self._gate = Gatekeeper(admission)
         self._protocols: set[str] = set()
         self.serve(PING, answer_ping)  # type: ignore[arg-type]
-        context = ServiceContext(host, self._rpc.call, config.wire)
+        context = ServiceContext(host, self._rpc.call, config.wire, clock)
         self._services: dict[str, Any] = {}
         for name, build in SERVICES:
             service = build(context, config, self._services)
@@ -307,7 +308,8 @@ class TrioNode:
 
 @asynccontextmanager
 async def open_node(config: NodeConfig | None = None, *, key_pair: KeyPair | None = None,
-                    admission: AdmissionGate | None = None,
+                    admission: AdmissionGate | None = None, host: Host | None = None,
+                    clock: Callable[[], float] = time.time,
                     **host_fields: Any) -> AsyncIterator[TrioNode]:
     """Run a node for the duration of the block (trio).
 
@@ -317,10 +319,19 @@ async def open_node(config: NodeConfig | None = None, *, key_pair: KeyPair | Non
     :class:`~p2pdl.service.OpenAdmission`: everyone is admitted).  Every task
     the node starts runs in its nursery and ends with the block; the block
     starts once every service reported ready.
+
+    ``host``: an already open host to run on instead of opening one (for the
+    in-memory swarms of :mod:`p2pdl.testing`); ``config.host`` and
+    ``key_pair`` are then not used.  ``clock``: the wall clock the services'
+    expirations and report times refer to (default ``time.time``).
     """
     config = NodeConfig.build(config, **host_fields)
-    async with open_host(config.host, key_pair) as host, open_service_nursery() as nursery:
-        node = TrioNode(host, config, nursery, admission or OpenAdmission())
+    if host is not None and key_pair is not None:
+        raise ConfigError("open_node takes a key_pair or an open host, not both")
+    opened = nullcontext(host) if host is not None else open_host(config.host,
+                                                                            key_pair)
+    async with opened as host, open_service_nursery() as nursery:
+        node = TrioNode(host, config, nursery, admission or OpenAdmission(), clock)
         try:
             await node._start()
             yield node

@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
@@ -159,18 +158,19 @@ class DHTService:
         config: :class:`DHTConfig`.
         reachability: tells whether the node is public (``mode="auto"``).
         schemas: rules for key prefixes, besides the built-in group schema.
-        clock: wall-clock time in seconds; expirations refer to it.
+        clock: wall-clock time in seconds; expirations refer to it.  Default:
+            the context's.
     """
 
     def __init__(self, context: ServiceContext, config: DHTConfig | None = None, *,
                  reachability: ReachabilityView, schemas: Iterable[Schema] = (),
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         host = context.host
         self._host = host
         self._call = context.call
         self._config = config = config or DHTConfig()
         self._reachability = reachability
-        self._clock = clock
+        self._clock = context.clock if clock is None else clock
         self._peer_id = host.peer_id
         self._key = key_of(self._peer_id.to_bytes())
         self._table = RoutingTable(self._key, k=config.k,

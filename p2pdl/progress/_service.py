@@ -25,7 +25,6 @@ import dataclasses
 import logging
 import math
 import random
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -135,6 +134,7 @@ class ProgressService:
                  dht: DHTService, reachability: ReachabilityView) -> None:
         self._host = context.host
         self._call = context.call
+        self._clock = context.clock
         self._dht = dht
         self._reachability = reachability
         self.config = config or ProgressConfig()
@@ -226,6 +226,7 @@ class ProgressTracker:
         self.config = config
         self._nursery = nursery
         self._host = service._host
+        self._clock = service._clock
         self._peer_id: ID = service._host.peer_id
         self._key = service._host.libp2p.get_private_key()
         self._view = ProgressView(self._peer_id.to_bytes(), target_batch_size, config)
@@ -246,7 +247,7 @@ class ProgressTracker:
         self._changed = trio.Event()
         self._wakeup = trio.Event()
         self._snapshot_due = trio.Event()
-        self._last_live = time.time()
+        self._last_live = self._clock()
         self._counters = dict.fromkeys(TRACKER_COUNTERS, 0)
         self._closed = False
 
@@ -294,7 +295,7 @@ class ProgressTracker:
                 raise LocalProtocolError(f"samples_per_second must be in [0, "
                                          f"{self.config.max_samples_per_second:g}]")
             self._rate_override = float(samples_per_second)
-        now = time.time()
+        now = self._clock()
         if epoch == self._epoch and samples_accumulated >= self._samples:
             self._ema.update(samples_accumulated - self._samples, now)
         else:
@@ -314,7 +315,7 @@ class ProgressTracker:
                           0.0 if self.auxiliary else rate, now, self.client_mode, self.auxiliary)
 
     def _local_changed(self) -> None:
-        self._view.set_local(self._local_report(time.time()))
+        self._view.set_local(self._local_report(self._clock()))
         self._wakeup.set()
         self._changed.set()
 
@@ -322,7 +323,7 @@ class ProgressTracker:
 
     def global_progress(self) -> GlobalProgress:
         """The collaboration's progress now, as this peer sees it."""
-        now = time.time()
+        now = self._clock()
         self._view.set_local(self._local_report(now))
         return self._view.global_progress(now)
 
@@ -332,7 +333,7 @@ class ProgressTracker:
 
     def peers(self) -> list[PeerReport]:
         """The live reports of the other peers."""
-        return self._view.peers(time.time())
+        return self._view.peers(self._clock())
 
     async def wait_changed(self, timeout: float) -> None:
         """Return when a report or the local state changes, or after ``timeout`` s."""
@@ -411,7 +412,7 @@ class ProgressTracker:
         return verdict
 
     def _on_push(self, sender: ID, request: Push) -> Reports:
-        now = time.time()
+        now = self._clock()
         sender_key = sender.to_bytes()
         was_member = sender_key in self._contacts
         for report in request.reports:
@@ -432,7 +433,7 @@ class ProgressTracker:
         out: list[Report] = []
         candidates = [self._own] if self._own is not None else []
         candidates += [r for p, r in self._signed.items() if p != exclude]
-        now = time.time()
+        now = self._clock()
         live = {r.peer_id for r in self._view.peers(now)}
         for report in candidates:
             if report.peer_id != self._view.local_peer and report.peer_id not in live:
@@ -455,7 +456,7 @@ class ProgressTracker:
             return False
         new = peer not in self._contacts
         if new and len(self._contacts) >= self.config.max_peers:
-            self._expire_contacts(time.time())
+            self._expire_contacts(self._clock())
             if len(self._contacts) >= self.config.max_peers:
                 return False
         self._contacts[peer] = max(until, self._contacts.get(peer, -math.inf))
@@ -525,7 +526,7 @@ class ProgressTracker:
         self._retry_at.pop(peer, None)
         self._synced.add(peer)
         assert isinstance(response, Reports)
-        now = time.time()
+        now = self._clock()
         for report in response.reports:
             self._absorb(report, ID(peer), now)
         return True
@@ -534,7 +535,7 @@ class ProgressTracker:
 
     async def _publisher(self) -> None:
         while True:
-            now = time.time()
+            now = self._clock()
             local = self._local_report(now)
             self._view.set_local(local)
             progress = self._view.global_progress(now)
@@ -580,7 +581,7 @@ class ProgressTracker:
                 self._snapshot_due = trio.Event()
                 await self._store_snapshot(dht, key)
                 next_store = trio.current_time() + self.config.snapshot_interval
-            now = time.time()
+            now = self._clock()
             alone = not self._contacts
             partitioned = now - self._last_live > self.config.partition_timeout
             if clock >= next_read and (alone or partitioned):
@@ -593,7 +594,7 @@ class ProgressTracker:
                     alone_backoff = min(alone_backoff * 2, self.config.sync_interval * 2)
                 else:
                     alone_backoff = 1.0
-                    self._last_live = time.time()  # give gossip a partition_timeout to resume
+                    self._last_live = self._clock()  # give gossip a partition_timeout to resume
                 next_read = trio.current_time() + alone_backoff
             wake = min(next_store, next_read) - trio.current_time()
             with trio.move_on_after(max(wake, 0.05)):
@@ -603,7 +604,7 @@ class ProgressTracker:
         assert self._own is not None
         entry = SnapshotEntry(self._own, tuple(self._host.addrs()[:MAX_ADDRS]))
         try:
-            ok = await dht.store(key, entry, time.time() + self.config.snapshot_ttl,
+            ok = await dht.store(key, entry, self._clock() + self.config.snapshot_ttl,
                                  subkey=dht.own_subkey())
         except P2PDLError as exc:
             ok = False
@@ -621,7 +622,7 @@ class ProgressTracker:
             return
         if found is None or not found.dictionary:
             return
-        now = time.time()
+        now = self._clock()
         fresh = []
         for entry in found.value.values():
             value = entry.value

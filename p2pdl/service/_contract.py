@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import enum
+import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -60,11 +61,15 @@ class ReachabilityView(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class ServiceContext:
-    """What the node gives every service: its host, its RPC call function, the wire's limits."""
+    """What the node gives every service: its host, its RPC call function, the wire's limits.
+
+    ``clock``: the wall clock (seconds) that expirations and report times refer to.
+    """
 
     host: Host
     call: Call
     wire: WireConfig
+    clock: Callable[[], float] = time.time
 
 
 class Statistics(collections.abc.Mapping):  # type: ignore[type-arg]

@@ -7,7 +7,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 
 import trio
@@ -141,6 +141,21 @@ async def wait_for_dht(nodes: Sequence[TrioNode], contacts: int | None = None,
             raise CallTimeoutError(f"DHT not ready within {timeout:.0f} s: routing tables "
                                    f"{sizes}, want {want} contacts each")
         await trio.sleep(0.05)
+
+
+async def wait_until(predicate: Callable[[], object], timeout: float, *,
+                     step: float = 0.01) -> float:
+    """Seconds (trio's clock) until ``predicate()`` holds, looking every ``step`` s.
+
+    Raises :class:`trio.TooSlowError` after ``timeout`` s.  Under a
+    ``MockClock`` the looking costs no wall-clock time.
+    """
+    start = trio.current_time()
+    with trio.fail_after(timeout):
+        while True:
+            if predicate():
+                return trio.current_time() - start
+            await trio.sleep(step)
 
 
 def task_names() -> list[str]:

@@ -1,11 +1,11 @@
-"""The DHT service on real nodes over loopback (in this process)."""
+"""The DHT service: on in-memory nodes in virtual time (expiry, republishing,
+lookups), and on real nodes over loopback for the real stack and the faces."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import time
-from contextlib import AsyncExitStack
 
 import msgpack
 import pytest
@@ -21,15 +21,22 @@ from p2pdl.dht._validation import sign
 from p2pdl.dht.config import MAX_STORE_ITEMS, STORE_BATCH_BYTES
 from p2pdl.errors import LocalProtocolError, RemoteError, StreamClosedError
 from p2pdl.nat import ReachabilityConfig
-from p2pdl.testing import loopback_config, open_nodes, wait_for_dht
+from p2pdl.testing import (
+    open_memory_nodes,
+    open_memory_swarm,
+    open_nodes,
+    wait_for_dht,
+    wait_until,
+)
 from p2pdl.wire import Message
 from p2pdl.wire._frames import FrameKind, frame_header
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def ttl(seconds: float) -> float:
-    return time.time() + seconds
+def ttl(seconds: float, node=None) -> float:
+    """``seconds`` from now, on ``node``'s clock (a memory node's is virtual), else the wall's."""
+    return (time.time() if node is None else node.dht.now()) + seconds
 
 
 def with_dht(config: NodeConfig | None = None, **fields) -> NodeConfig:
@@ -55,13 +62,13 @@ async def test_store_and_get_across_nodes():
         assert stats["mode"] == "server" and stats["routing_table"] == 5
 
 
-async def test_writers_of_different_subkeys_are_merged_at_every_replica():
-    async with open_nodes(6) as nodes:
+async def test_writers_of_different_subkeys_are_merged_at_every_replica(autojump_clock):
+    async with open_memory_nodes(6) as nodes:
         await wait_for_dht(nodes)
         async with trio.open_nursery() as nursery:
             for i, node in enumerate(nodes):
-                nursery.start_soon(node.dht.store, "run/progress", {"samples": i}, ttl(60),
-                                   node.dht.own_subkey())
+                nursery.start_soon(node.dht.store, "run/progress", {"samples": i},
+                                   ttl(60, node), node.dht.own_subkey())
         for node in nodes:
             found = await node.dht.get("run/progress", latest=True)
             assert found is not None
@@ -72,31 +79,33 @@ async def test_writers_of_different_subkeys_are_merged_at_every_replica():
             assert len(held) == len(nodes)  # replication 20 > 6 nodes: every node holds all
 
 
-async def test_a_dictionary_that_outlives_a_plain_value_seen_elsewhere_is_returned_whole():
-    async with open_nodes(4) as nodes:
+async def test_a_dictionary_that_outlives_a_plain_value_seen_elsewhere_is_returned_whole(
+        autojump_clock):
+    async with open_memory_nodes(4) as nodes:
         await wait_for_dht(nodes)
-        assert await nodes[0].dht.store("mixed", "plain", ttl(20))
+        assert await nodes[0].dht.store("mixed", "plain", ttl(20, nodes[0]))
         # Only one replica hears of later subkeys (as after a partition).
         reply = await nodes[0].call(nodes[1].peer_id, DHT_PROTOCOL, Store("mixed", [
-            WireItem("x", msgpack.packb("sub-x"), ttl(40)),
-            WireItem("y", msgpack.packb("sub-y"), ttl(50))]))
+            WireItem("x", msgpack.packb("sub-x"), ttl(40, nodes[0])),
+            WireItem("y", msgpack.packb("sub-y"), ttl(50, nodes[0]))]))
         assert reply.results == ["", ""]
         found = await nodes[3].dht.get("mixed", latest=True)
         assert found.dictionary is True
         assert {k: v.value for k, v in found.value.items()} == {"x": "sub-x", "y": "sub-y"}
-        assert found.expiration == pytest.approx(ttl(50), abs=2)
+        assert found.expiration == pytest.approx(ttl(50, nodes[0]), abs=2)
         plain = await nodes[2].dht.get("plain-dict", latest=True)
         assert plain is None
-        assert await nodes[2].dht.store("plain-dict", {"a": 1}, ttl(20))
+        assert await nodes[2].dht.store("plain-dict", {"a": 1}, ttl(20, nodes[0]))
         found = await nodes[3].dht.get("plain-dict", latest=True)
         assert found.dictionary is False and found.value == {"a": 1}
 
 
-async def test_a_key_of_many_subkeys_is_sent_in_several_requests():
-    async with open_nodes(3) as nodes:
+async def test_a_key_of_many_subkeys_is_sent_in_several_requests(autojump_clock):
+    async with open_memory_nodes(3) as nodes:
         await wait_for_dht(nodes)
         sender = nodes[0]
-        items = [sender.dht._make_item("many", "v" * 1500, ttl(30), f"s{i}") for i in range(150)]
+        items = [sender.dht._make_item("many", "v" * 1500, ttl(30, sender), f"s{i}")
+                 for i in range(150)]
         assert len(_batches(items)) == 3  # over MAX_STORE_ITEMS (64) per request
         assert await sender.dht._store_items("many", items)
         for node in nodes[1:]:
@@ -120,24 +129,24 @@ def test_store_batches_respect_the_item_and_byte_bounds():
     assert _batches([]) == []
 
 
-async def test_statistics_list_every_counter_from_zero():
-    async with open_nodes(1, with_dht(mode="server")) as (node,):
+async def test_statistics_list_every_counter_from_zero(autojump_clock):
+    async with open_memory_nodes(1, with_dht(mode="server")) as (node,):
         stats = node.dht.statistics()
         assert {name: stats[name] for name in COUNTERS} == dict.fromkeys(COUNTERS, 0)
 
 
-async def test_a_lone_node_reports_that_no_replica_took_the_record():
-    async with open_nodes(1, with_dht(mode="server")) as (node,):
-        assert await node.dht.store("k", 1, ttl(10)) is False
+async def test_a_lone_node_reports_that_no_replica_took_the_record(autojump_clock):
+    async with open_memory_nodes(1, with_dht(mode="server")) as (node,):
+        assert await node.dht.store("k", 1, ttl(10, node)) is False
         assert (await node.dht.get("k")).value == 1  # its own copy
 
 
-async def test_expired_records_are_gone_everywhere():
-    async with open_nodes(4) as nodes:
+async def test_expired_records_are_gone_everywhere(autojump_clock):
+    async with open_memory_nodes(4) as nodes:
         await wait_for_dht(nodes)
-        assert await nodes[0].dht.store("short", "lived", ttl(1.0))
-        assert await nodes[0].dht.store("dict", 1, ttl(1.0), subkey="a")
-        assert await nodes[0].dht.store("dict", 2, ttl(30), subkey="b")
+        assert await nodes[0].dht.store("short", "lived", ttl(1.0, nodes[0]))
+        assert await nodes[0].dht.store("dict", 1, ttl(1.0, nodes[0]), subkey="a")
+        assert await nodes[0].dht.store("dict", 2, ttl(30, nodes[0]), subkey="b")
         assert (await nodes[3].dht.get("short")).value == "lived"
         await trio.sleep(1.3)
         for node in nodes:
@@ -147,16 +156,15 @@ async def test_expired_records_are_gone_everywhere():
             assert "short" not in node.dht.local_store
 
 
-async def test_client_mode_nodes_use_the_dht_but_are_in_no_routing_table():
-    clients_config = dataclasses.replace(loopback_config(),
-                                         nat=ReachabilityConfig(client_mode=True))
-    async with open_nodes(4) as servers, AsyncExitStack() as stack:
+async def test_client_mode_nodes_use_the_dht_but_are_in_no_routing_table(autojump_clock):
+    clients_config = dataclasses.replace(NodeConfig(), nat=ReachabilityConfig(client_mode=True))
+    async with open_memory_swarm() as swarm:
+        servers = await swarm.add_nodes(4)
         await wait_for_dht(servers)
-        clients = [await stack.enter_async_context(p2pdl.open_node(NodeConfig.build(
-            clients_config, initial_peers=servers[0].addrs[:1]))) for _ in range(2)]
+        clients = await swarm.add_nodes(2, clients_config)
         await wait_for_dht(clients, contacts=3)
         assert not any(c.dht.server_mode for c in clients)
-        assert await clients[0].dht.store("from-client", 7, ttl(60))
+        assert await clients[0].dht.store("from-client", 7, ttl(60, clients[0]))
         assert (await clients[1].dht.get("from-client")).value == 7
         assert (await servers[3].dht.get("from-client")).value == 7
         await clients[1].dht.get("something-else", latest=True)  # more lookups
@@ -167,20 +175,20 @@ async def test_client_mode_nodes_use_the_dht_but_are_in_no_routing_table():
         assert all(len(c.dht.local_store) == 0 for c in clients)  # clients hold nothing
         assert clients[0].statistics()["dht"]["mode"] == "client"
         # A client asked to store (by a stale table, say) refuses and says it is a client.
-        reply = await servers[0].call(clients[0].peer_id, DHT_PROTOCOL,
-                                      Store("k", [WireItem(None, msgpack.packb(1), ttl(5))]))
+        reply = await servers[0].call(clients[0].peer_id, DHT_PROTOCOL, Store(
+            "k", [WireItem(None, msgpack.packb(1), ttl(5, servers[0]))]))
         assert isinstance(reply, Stored) and reply.results[0].startswith("unavailable")
         assert reply.server is False
 
 
-async def test_a_forged_owned_subkey_is_rejected_by_every_replica():
-    async with open_nodes(5) as nodes:
+async def test_a_forged_owned_subkey_is_rejected_by_every_replica(autojump_clock):
+    async with open_memory_nodes(5) as nodes:
         await wait_for_dht(nodes)
         alice, mallory = nodes[0], nodes[1]
         subkey = alice.dht.own_subkey()
-        assert await alice.dht.store("votes", "alice's own", ttl(30), subkey)
+        assert await alice.dht.store("votes", "alice's own", ttl(30, alice), subkey)
         raw = msgpack.packb("forged")
-        expiration = ttl(60)  # later, so it would win if it were accepted
+        expiration = ttl(60, alice)  # later, so it would win if it were accepted
         forged = WireItem(subkey, raw, expiration,
                           sign(mallory.host.libp2p.get_private_key(), "votes", subkey, raw,
                                expiration))
@@ -189,14 +197,14 @@ async def test_a_forged_owned_subkey_is_rejected_by_every_replica():
             assert reply.results[0].startswith("bad_signature"), reply
         # Through the API, mallory cannot even try.
         with pytest.raises(LocalProtocolError, match="belongs to peer"):
-            await mallory.dht.store("votes", "forged", ttl(60), subkey)
+            await mallory.dht.store("votes", "forged", ttl(60, mallory), subkey)
         for node in nodes:
             found = await node.dht.get("votes", latest=True)
             assert found.value[subkey].value == "alice's own"
 
 
-async def test_a_getter_drops_forged_items_from_a_lying_replica():
-    async with open_nodes(4, with_dht(replication=1)) as nodes:
+async def test_a_getter_drops_forged_items_from_a_lying_replica(autojump_clock):
+    async with open_memory_nodes(4, with_dht(replication=1)) as nodes:
         await wait_for_dht(nodes)
         liar, getter = nodes[0], nodes[3]
         victim_subkey = nodes[1].dht.own_subkey()
@@ -205,8 +213,9 @@ async def test_a_getter_drops_forged_items_from_a_lying_replica():
         def lie(peer, request):
             reply = honest(peer, request)
             if isinstance(request, FindValue):
-                forged = WireItem(victim_subkey, msgpack.packb("forged"), ttl(30), b"\0" * 64)
-                return Value([forged, WireItem("x", b"\xc1", ttl(30))], reply.closer, True)
+                forged = WireItem(victim_subkey, msgpack.packb("forged"), ttl(30, liar),
+                                  b"\0" * 64)
+                return Value([forged, WireItem("x", b"\xc1", ttl(30, liar))], reply.closer, True)
             return reply
 
         liar.dht._answer = lie
@@ -247,22 +256,22 @@ async def test_malformed_and_oversized_messages_reset_only_that_stream():
         assert server.dht.statistics()["requests"] > 0
 
 
-async def test_bad_records_from_the_program_are_clear_errors():
-    async with open_nodes(2) as (a, b):
+async def test_bad_records_from_the_program_are_clear_errors(autojump_clock):
+    async with open_memory_nodes(2) as (a, b):
         with pytest.raises(LocalProtocolError, match="keys are strings"):
-            await a.dht.store(b"bytes", 1, ttl(10))
+            await a.dht.store(b"bytes", 1, ttl(10, a))
         with pytest.raises(LocalProtocolError, match="expired"):
-            await a.dht.store("k", 1, time.time() - 1)
+            await a.dht.store("k", 1, a.dht.now() - 1)
         with pytest.raises(LocalProtocolError, match="too_far_ahead"):
-            await a.dht.store("k", 1, ttl(10**7))
+            await a.dht.store("k", 1, ttl(10**7, a))
         with pytest.raises(LocalProtocolError, match="too_large"):
-            await a.dht.store("k", "x" * 100_000, ttl(10))
+            await a.dht.store("k", "x" * 100_000, ttl(10, a))
         with pytest.raises(LocalProtocolError, match="cannot encode"):
-            await a.dht.store("k", object(), ttl(10))
+            await a.dht.store("k", object(), ttl(10, a))
         with pytest.raises(LocalProtocolError, match="subkeys are strings"):
-            await a.dht.store("k", 1, ttl(10), subkey=3)
+            await a.dht.store("k", 1, ttl(10, a), subkey=3)
         with pytest.raises(LocalProtocolError, match="belongs to peer"):
-            await a.dht.store("k", 1, ttl(10), subkey=b.dht.own_subkey())
+            await a.dht.store("k", 1, ttl(10, a), subkey=b.dht.own_subkey())
         with pytest.raises(LocalProtocolError, match="key"):
             await a.dht.get("")
 
@@ -271,29 +280,30 @@ class Member(Message, tag="test.member"):
     rank: int
 
 
-async def test_schemas_are_enforced_by_replicas_and_getters():
+async def test_schemas_are_enforced_by_replicas_and_getters(autojump_clock):
     schema = Schema("teams/", Member, dictionary=True, signed_subkeys=True)
     config = dataclasses.replace(NodeConfig(), dht_schemas=(schema,))
-    async with open_nodes(4, config) as nodes:
+    async with open_memory_nodes(4, config) as nodes:
         await wait_for_dht(nodes)
-        assert await nodes[0].dht.store("teams/red", Member(1), ttl(30), nodes[0].dht.own_subkey())
+        assert await nodes[0].dht.store("teams/red", Member(1), ttl(30, nodes[0]),
+                                        nodes[0].dht.own_subkey())
         with pytest.raises(LocalProtocolError, match="schema"):
-            await nodes[0].dht.store("teams/red", {"rank": "high"}, ttl(30),
+            await nodes[0].dht.store("teams/red", {"rank": "high"}, ttl(30, nodes[0]),
                                      nodes[0].dht.own_subkey())
         with pytest.raises(LocalProtocolError, match="owned"):
-            await nodes[0].dht.store("teams/red", Member(2), ttl(30), "anyone")
+            await nodes[0].dht.store("teams/red", Member(2), ttl(30, nodes[0]), "anyone")
         reply = await nodes[0].call(nodes[1].peer_id, DHT_PROTOCOL, Store("teams/red", [
-            WireItem("anyone", msgpack.packb({"rank": 2}), ttl(30))]))
+            WireItem("anyone", msgpack.packb({"rank": 2}), ttl(30, nodes[0]))]))
         assert reply.results[0].startswith("schema")
         found = await nodes[3].dht.get("teams/red", latest=True)
         assert list(found.value.values())[0].value == Member(1)
 
 
-async def test_groups_announce_and_find_peers():
-    async with open_nodes(5) as nodes:
+async def test_groups_announce_and_find_peers(autojump_clock):
+    async with open_memory_nodes(5) as nodes:
         await wait_for_dht(nodes)
         for node in nodes[1:4]:
-            assert await node.dht.announce("run-x", ttl(30))
+            assert await node.dht.announce("run-x", ttl(30, node))
         peers = await nodes[4].dht.find_peers("run-x")
         assert {p.peer_id for p in peers} == {n.peer_id for n in nodes[1:4]}
         assert all(p.addrs and not p.client_mode for p in peers)
@@ -303,38 +313,21 @@ async def test_groups_announce_and_find_peers():
             assert await nodes[4].ping(peer.peer_id) < 5
 
 
-async def test_republishing_moves_a_record_to_the_nodes_now_nearest():
+async def test_republishing_moves_a_record_to_the_nodes_now_nearest(autojump_clock):
     config = with_dht(replication=1, republish_interval=1.0)
-    async with AsyncExitStack() as stack:
+    async with open_memory_swarm() as swarm:
         # The publisher is a client (never a replica itself) and everyone's initial peer.
-        publisher = await stack.enter_async_context(p2pdl.open_node(loopback_config(
-            with_dht(config, mode="client"))))
-        stoppers: dict[object, trio.Event] = {}
-
-        async def run_node(task_status=trio.TASK_STATUS_IGNORED):
-            stop = trio.Event()
-            async with p2pdl.open_node(NodeConfig.build(
-                    loopback_config(config),
-                    initial_peers=publisher.addrs[:1])) as node:
-                stoppers[node.peer_id] = stop
-                task_status.started(node)
-                await stop.wait()
-
-        nursery = await stack.enter_async_context(trio.open_nursery())
-        servers = [await nursery.start(run_node) for _ in range(5)]
+        publisher = await swarm.add(with_dht(config, mode="client"))
+        servers = await swarm.add_nodes(5, config)
         await wait_for_dht([*servers, publisher])
-        assert await publisher.dht.store("moving", "along", ttl(60))
+        assert await publisher.dht.store("moving", "along", ttl(60, publisher))
         holders = [n for n in servers if "moving" in n.dht.local_store]
         assert len(holders) == 1  # replication 1
-        stoppers[holders[0].peer_id].set()  # the only replica leaves
+        await swarm.stop(holders[0])  # the only replica leaves
         alive = [n for n in servers if n is not holders[0]]
-        with trio.fail_after(20):
-            while not any("moving" in n.dht.local_store for n in alive):
-                await trio.sleep(0.2)
+        await wait_until(lambda: any("moving" in n.dht.local_store for n in alive), 20, step=0.2)
         assert (await alive[-1].dht.get("moving")).value == "along"
         assert publisher.dht.statistics()["republished"] >= 1
-        for stop in stoppers.values():
-            stop.set()
 
 
 def test_sync_and_asyncio_faces():

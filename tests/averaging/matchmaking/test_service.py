@@ -1,23 +1,17 @@
-"""Matchmaking on real nodes over loopback (in this process, and one child process)."""
+"""Matchmaking: on in-memory nodes in virtual time (timeouts, retries, leaders
+that vanish), and on real nodes over loopback for the real stack."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import itertools
-import json
-import pathlib
-import signal
-import subprocess
-import sys
-from contextlib import AsyncExitStack
 
 import msgpack
 import pytest
 import trio
 
-import p2pdl
-from p2pdl import NodeConfig
+from p2pdl import NodeConfig, P2PDLError
 from p2pdl.averaging import (
     MATCHMAKING_PROTOCOL,
     Group,
@@ -37,12 +31,10 @@ from p2pdl.errors import (
     StreamClosedError,
 )
 from p2pdl.nat import ReachabilityConfig
-from p2pdl.testing import loopback_config, open_nodes, wait_for_dht
+from p2pdl.testing import open_memory_nodes, open_memory_swarm, open_nodes, wait_for_dht
 from p2pdl.wire._frames import FrameKind, frame_header
 
 pytestmark = pytest.mark.timeout(90)
-
-PEER_SCRIPT = pathlib.Path(__file__).with_name("mm_peer.py")
 
 
 def mm_config(config: NodeConfig | None = None, **fields) -> NodeConfig:
@@ -99,13 +91,10 @@ def groups_of(nodes, results) -> dict[bytes, Group]:
     return groups
 
 
-@pytest.mark.slow
-async def test_sixteen_peers_with_target_eight_form_two_identical_groups():
-    # Sixteen nodes share this process's CPU: their DHT operations take seconds, and
-    # followers reach their leaders seconds apart.  A long join window keeps the
-    # test about the protocol, not the CPU (a leader finalizes once its plan joined).
+async def test_sixteen_peers_with_target_eight_form_two_identical_groups(autojump_clock):
+    # A long join window: a leader finalizes once its plan joined, not when it ends.
     config = mm_config(target_group_size=8, matchmaking_time=30, join_window=10)
-    async with open_nodes(16, config) as nodes:
+    async with open_memory_nodes(16, config) as nodes:
         await wait_for_dht(nodes)
         start = trio.current_time()
         results = await form_all(nodes, "sixteen", 3)
@@ -121,12 +110,12 @@ async def test_sixteen_peers_with_target_eight_form_two_identical_groups():
         assert stats["rounds"] == 1 and stats["active_rounds"] == 0 and stats["held_joins"] == 0
 
 
-async def test_client_mode_peers_join_groups_and_never_lead():
-    config = mm_config(loopback_config(), target_group_size=4, matchmaking_time=10)
+async def test_client_mode_peers_join_groups_and_never_lead(autojump_clock):
+    config = mm_config(target_group_size=4, matchmaking_time=10)
     client_config = dataclasses.replace(config, nat=ReachabilityConfig(client_mode=True))
-    async with open_nodes(6, config) as servers, AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(p2pdl.open_node(NodeConfig.build(
-            client_config, initial_peers=servers[0].addrs[:1]))) for _ in range(4)]
+    async with open_memory_swarm() as swarm:
+        servers = await swarm.add_nodes(6, config)
+        clients = await swarm.add_nodes(4, client_config)
         await wait_for_dht(servers)
         await wait_for_dht(clients, contacts=3)
         nodes = servers + clients
@@ -153,11 +142,12 @@ async def test_client_mode_peers_join_groups_and_never_lead():
             await clients[0].matchmaking.form_group(run_id, 2, auxiliary=True)
 
 
-async def test_members_capacities_give_every_member_the_leaders_load_plan():
-    config = mm_config(loopback_config(), target_group_size=4, matchmaking_time=10)
+async def test_members_capacities_give_every_member_the_leaders_load_plan(autojump_clock):
+    config = mm_config(target_group_size=4, matchmaking_time=10)
     client_config = dataclasses.replace(config, nat=ReachabilityConfig(client_mode=True))
-    async with open_nodes(3, config) as servers, p2pdl.open_node(NodeConfig.build(
-            client_config, initial_peers=servers[0].addrs[:1])) as client:
+    async with open_memory_swarm() as swarm:
+        servers = await swarm.add_nodes(3, config)
+        (client,) = await swarm.add_nodes(1, client_config)
         await wait_for_dht(servers)
         await wait_for_dht([client], contacts=2)
         slow, fast, aux = servers
@@ -193,55 +183,49 @@ async def test_members_capacities_give_every_member_the_leaders_load_plan():
         assert group.capacities()[group.index_of(client.peer_id)].client
 
 
-async def read_json_line(stream, buffer: bytearray) -> dict:
-    while b"\n" not in buffer:
-        chunk = await stream.receive_some(4096)
-        if not chunk:
-            raise EOFError("the child process closed its output")
-        buffer.extend(chunk)
-    line, _, rest = bytes(buffer).partition(b"\n")
-    buffer[:] = rest
-    return json.loads(line)
-
-
-async def test_a_leader_killed_while_groups_form_leaves_the_others_to_form_groups():
+async def test_a_leader_killed_while_groups_form_leaves_the_others_to_form_groups(
+        autojump_clock):
     target, mm_time, window = 4, 15.0, 3.0
     config = mm_config(target_group_size=target, matchmaking_time=mm_time, join_window=window)
-    async with open_nodes(7, config) as nodes:
-        process = await trio.lowlevel.open_process(
-            [sys.executable, str(PEER_SCRIPT), nodes[0].addrs[0], str(target), str(mm_time),
-             str(window)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        try:
-            buffer = bytearray()
-            with trio.fail_after(30):
-                child_id = (await read_json_line(process.stdout, buffer))["peer_id"]
-            await wait_for_dht(nodes)
-            child = next(p for p in nodes[0].connected_peers() if str(p) == child_id)
-            everyone = [info(n) for n in nodes] + [GroupMemberInfo(child)]
-            # A run in which the child leads a group: its followers must find another leader.
-            run_id = choose_run(everyone, target, lambda plan: child in plan.leaders, "kill")
-            followers = plan_groups(run_id, 1, everyone, target).group_of(child).members[1:]
-            await process.stdin.send_all(f"{run_id} 1\n".encode())
-            results: dict[int, Group | Exception] = {}
+    async with open_memory_swarm() as swarm:
+        nodes = await swarm.add_nodes(7, config)
+        (doomed,) = await swarm.add_nodes(1, config)
+        await wait_for_dht([*nodes, doomed])
+        child = doomed.peer_id
+        everyone = [info(n) for n in nodes] + [GroupMemberInfo(child)]
+        # A run in which the child leads a group: its followers must find another leader.
+        run_id = choose_run(everyone, target, lambda plan: child in plan.leaders, "kill")
+        followers = plan_groups(run_id, 1, everyone, target).group_of(child).members[1:]
+        announced = trio.Event()
+        announce = doomed.dht.announce
 
-            async def kill_once_announced():
-                while (await read_json_line(process.stdout, buffer)).get("event") != "announced":
-                    pass
-                process.send_signal(signal.SIGKILL)
-                await process.wait()
+        async def announce_and_say(*args):
+            ok = await announce(*args)
+            announced.set()
+            return ok
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(kill_once_announced)
+        doomed.dht.announce = announce_and_say
 
-                async def run_all():
-                    results.update(await form_all(nodes, run_id))
-                nursery.start_soon(run_all)
-            assert process.returncode == -signal.SIGKILL
-        finally:
-            if process.returncode is None:
-                process.kill()
-            with trio.move_on_after(10):
-                await process.wait()
+        async def doomed_round():
+            try:
+                await doomed.matchmaking.form_group(run_id, 1)
+            except P2PDLError:
+                pass  # it is killed before it could form a group
+
+        doomed.nursery.start_soon(doomed_round)  # dies with the node
+        results: dict[int, Group | Exception] = {}
+
+        async def kill_once_announced():
+            await announced.wait()
+            swarm.kill(doomed)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(kill_once_announced)
+
+            async def run_all():
+                results.update(await form_all(nodes, run_id))
+            nursery.start_soon(run_all)
+        assert not doomed.host.alive and doomed not in swarm.nodes
         assert not [r for r in results.values() if isinstance(r, Exception)], results
         groups = groups_of(nodes, results)
         assert all(child not in g.peer_ids for g in groups.values())
@@ -251,8 +235,9 @@ async def test_a_leader_killed_while_groups_form_leaves_the_others_to_form_group
         assert any(set(g.peer_ids) == orphans for g in groups.values())
 
 
-async def test_a_planned_leader_that_is_not_matchmaking_is_skipped():
-    async with open_nodes(5, mm_config(target_group_size=8, matchmaking_time=10)) as nodes:
+async def test_a_planned_leader_that_is_not_matchmaking_is_skipped(autojump_clock):
+    async with open_memory_nodes(5, mm_config(target_group_size=8,
+                                              matchmaking_time=10)) as nodes:
         await wait_for_dht(nodes)
         ghost, real = nodes[0], nodes[1:]
         run_id = choose_run([info(n) for n in nodes], 8,
@@ -266,9 +251,9 @@ async def test_a_planned_leader_that_is_not_matchmaking_is_skipped():
         assert ghost.matchmaking.statistics()["joins_refused"] >= 3  # unknown_run
 
 
-async def test_a_late_arrival_joins_a_group_that_is_still_open():
+async def test_a_late_arrival_joins_a_group_that_is_still_open(autojump_clock):
     config = mm_config(target_group_size=8, matchmaking_time=12, join_window=4)
-    async with open_nodes(5, config) as nodes:
+    async with open_memory_nodes(5, config) as nodes:
         await wait_for_dht(nodes)
         early, ghost, late = nodes[:3], nodes[3], nodes[4]
         # The ghost announced and vanished: the leader waits for it until its window ends,
@@ -291,9 +276,9 @@ async def test_a_late_arrival_joins_a_group_that_is_still_open():
         assert [set(g.peer_ids) for g in groups.values()] == [{n.peer_id for n in members}]
 
 
-async def test_a_late_arrival_after_the_groups_formed_fails_cleanly_and_in_time():
+async def test_a_late_arrival_after_the_groups_formed_fails_cleanly_and_in_time(autojump_clock):
     config = mm_config(target_group_size=8, matchmaking_time=6, join_window=2)
-    async with open_nodes(4, config) as nodes:
+    async with open_memory_nodes(4, config) as nodes:
         await wait_for_dht(nodes)
         results = await form_all(nodes[:3], "after", 2)
         groups = groups_of(nodes[:3], results)
@@ -307,9 +292,9 @@ async def test_a_late_arrival_after_the_groups_formed_fails_cleanly_and_in_time(
         assert refused >= 1
 
 
-async def test_join_requests_are_answered_by_the_documented_codes():
+async def test_join_requests_are_answered_by_the_documented_codes(autojump_clock):
     config = mm_config(target_group_size=2, matchmaking_time=6, join_window=2)
-    async with open_nodes(2, config) as (leader, asker):
+    async with open_memory_nodes(2, config) as (leader, asker):
         await wait_for_dht([leader, asker])
 
         async def join(run_id="codes", epoch=1, target=2, wait=5.0):
@@ -339,9 +324,9 @@ async def test_join_requests_are_answered_by_the_documented_codes():
         assert stats["joins_accepted"] == 1 and stats["led"] == 1
 
 
-async def test_a_cancelled_leader_refuses_its_held_joiners():
+async def test_a_cancelled_leader_refuses_its_held_joiners(autojump_clock):
     config = mm_config(target_group_size=4, matchmaking_time=10, join_window=3)
-    async with open_nodes(2, config) as (leader, asker):
+    async with open_memory_nodes(2, config) as (leader, asker):
         await wait_for_dht([leader, asker])
         async with trio.open_nursery() as nursery:
             # It leads, and waits for a third member until its window ends.
@@ -361,10 +346,10 @@ async def test_a_cancelled_leader_refuses_its_held_joiners():
         assert leader.matchmaking.statistics()["held_joins"] == 0
 
 
-async def test_a_group_below_the_minimum_fails_for_every_member():
+async def test_a_group_below_the_minimum_fails_for_every_member(autojump_clock):
     config = mm_config(target_group_size=8, min_group_size=4, matchmaking_time=4,
                        join_window=1)
-    async with open_nodes(3, config) as nodes:
+    async with open_memory_nodes(3, config) as nodes:
         await wait_for_dht(nodes)
         results = await form_all(nodes, "small")
         assert all(isinstance(r, MatchmakingFailedError) for r in results.values()), results
@@ -374,9 +359,9 @@ async def test_a_group_below_the_minimum_fails_for_every_member():
         assert group.peer_ids == (nodes[0].peer_id,)
 
 
-async def test_forged_answers_are_refused_and_the_liar_keeps_serving(caplog):
+async def test_forged_answers_are_refused_and_the_liar_keeps_serving(caplog, autojump_clock):
     config = mm_config(target_group_size=2, matchmaking_time=4, join_window=1)
-    async with open_nodes(2, config) as nodes:
+    async with open_memory_nodes(2, config) as nodes:
         await wait_for_dht(nodes)
         run_id = choose_run([info(n) for n in nodes], 2,
                             lambda plan: plan.leaders == (nodes[0].peer_id,), "forged")
