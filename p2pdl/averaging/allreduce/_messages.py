@@ -3,8 +3,8 @@
 One stream per (sender, reducer) pair, opened by the sender:
 
 1. sender -> reducer: ``ar.begin``, then the sender's values of the
-   reducer's part as TENSOR frames (chunk by chunk, in order), then it
-   half-closes;
+   reducer's part as TENSOR frames (chunk by chunk, in order); no
+   half-close, the reducer knows the count;
 2. reducer -> sender: the averaged chunks as TENSOR frames, in order, as soon
    as each is reduced, then ``ar.done`` (who contributed to which chunks);
    or ``ar.reject`` at any point, and the stream ends.

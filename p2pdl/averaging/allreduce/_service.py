@@ -4,8 +4,9 @@ The rules are in ``_state`` (sans-IO); this module moves the bytes over
 ``/p2pdl/allreduce/1.0.0`` (protocols/allreduce.md):
 
 * as a **sender**, a member opens one stream to every other member that
-  reduces a part: ``ar.begin``, its values of that part chunk by chunk, a
-  half-close; meanwhile the part's averages come back on the same stream,
+  reduces a part: ``ar.begin``, then its values of that part chunk by chunk
+  (no half-close: the reducer knows the count); meanwhile the part's
+  averages come back on the same stream,
   chunk by chunk, then ``ar.done``.  Sending, the reducer's work and
   receiving overlap.  Client-mode members only ever dial, so they take part
   as senders; auxiliary members send nothing.
@@ -59,6 +60,7 @@ from ._state import (
     PartReducer,
     PartResult,
     RejectError,
+    SenderState,
     contributions,
     default_fractions,
 )
@@ -314,7 +316,8 @@ class AllReduceService:
                 for chunk in session.layout.chunks[r]:
                     payload = chunk.codec.encode(flat[chunk.start:chunk.end])
                     await stream.send_tensor_chunk(chunk.header(), payload)
-            pass  # await stream.close_write()
+            # No half-close: the reducer knows the chunk count, and py-libp2p's
+            # Yamux breaks a stream whose peer half-closes while it still writes.
         except P2PDLError as exc:  # the stream broke: receiving the results fails too
             logger.debug("all-reduce: sending part %d failed: %s", r, exc)
             return
@@ -379,9 +382,30 @@ class AllReduceService:
             assert isinstance(begin, Begin)
             session = await self._find_session(begin.group_id, stream.peer_id)
             return Opened(session.group.run_id, (session, begin))
+        except RemoteProtocolError as exc:
+            # Broken before its ar.begin was read (it may have arrived in the
+            # same read as the violation): a member of a running round that has
+            # not begun with us is failed at once, not after sender_timeout.
+            self._fail_unbegun(stream.peer_id, f"protocol error: {exc}")
+            await self._failed(stream, exc)
+            return None
         except (RejectError, P2PDLError) as exc:
             await self._failed(stream, exc)
             return None
+
+    def _fail_unbegun(self, peer: Any, reason: str) -> None:
+        for session in self._sessions.values():
+            reducer = session.reducer
+            if reducer is None:
+                continue
+            for index, member in enumerate(session.group.members):
+                if member.peer_id == peer and \
+                        reducer.sender_states().get(index) is SenderState.WAITING:
+                    reducer.fail(index, reason)
+                    session.excluded.add(index)
+                    self._counters["senders_failed"] += 1
+                    session.finalize()
+                    session.progressed()
 
     async def _handle_admitted(self, stream: FramedStream, opened: tuple[_Session, Begin]
                                ) -> None:
