@@ -26,15 +26,24 @@ from .averaging import (
     AllReduceConfig,
     AllReduceResult,
     AllReduceService,
+    AllReduceStatistics,
     Group,
     MatchmakingConfig,
     MatchmakingService,
+    MatchmakingStatistics,
     average_round,
 )
-from .dht import DHTService, GroupPeer, Schema, ValueWithExpiration
+from .dht import DHTService, DHTStatistics, GroupPeer, Schema, ValueWithExpiration
 from .errors import CallTimeoutError, NodeClosedError
-from .progress import GlobalProgress, PeerReport, ProgressService, ProgressTracker
-from .statesync import StateDownload, StateSyncConfig, StateSyncService
+from .progress import (
+    GlobalProgress,
+    PeerReport,
+    ProgressService,
+    ProgressStatistics,
+    ProgressTracker,
+    TrackerStatistics,
+)
+from .statesync import StateDownload, StateSyncConfig, StateSyncService, StateSyncStatistics
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +133,7 @@ class SyncDHT:
     def register_schema(self, schema: Schema) -> None:
         self._portal.run_sync(self._dht.register_schema, schema)
 
-    def statistics(self) -> Any:
+    def statistics(self) -> DHTStatistics:
         return self._portal.run_sync(self._dht.statistics)
 
 
@@ -166,7 +175,7 @@ class AsyncioDHT:
     async def register_schema(self, schema: Schema) -> None:
         await asyncio.to_thread(self._portal.run_sync, self._dht.register_schema, schema)
 
-    async def statistics(self) -> Any:
+    async def statistics(self) -> DHTStatistics:
         return await asyncio.to_thread(self._portal.run_sync, self._dht.statistics)
 
 
@@ -244,7 +253,7 @@ class SyncTracker:
     def peers(self) -> list[PeerReport]:
         return self._on_trio(self._live_tracker().peers)
 
-    def statistics(self) -> Any:
+    def statistics(self) -> TrackerStatistics:
         return self._on_trio(self._live_tracker().statistics)
 
     def wait_ready(self, timeout: float) -> GlobalProgress:
@@ -290,7 +299,7 @@ class SyncProgress:
         """
         return SyncTracker(self._portal, self._progress, run_id, target_batch_size, options)
 
-    def statistics(self) -> Any:
+    def statistics(self) -> ProgressStatistics:
         return self._portal.run_sync(self._progress.statistics)
 
 
@@ -341,7 +350,7 @@ class AsyncioProgress:
         finally:
             await asyncio.to_thread(sync.close)
 
-    async def statistics(self) -> Any:
+    async def statistics(self) -> ProgressStatistics:
         return await asyncio.to_thread(self._portal.run_sync, self._progress.statistics)
 
 
@@ -372,7 +381,7 @@ class SyncMatchmaking:
         return self._portal.run(lambda: self._matchmaking.form_group(run_id, epoch, **options),
                                 limit + FORM_GROUP_SLACK)
 
-    def statistics(self) -> Any:
+    def statistics(self) -> MatchmakingStatistics:
         return self._portal.run_sync(self._matchmaking.statistics)
 
 
@@ -436,7 +445,7 @@ class SyncAveraging:
         """The longest a round started with these ``options`` can take (s), margins included."""
         return _round_limit(self._matchmaking.config, self._averaging.config, options)
 
-    def statistics(self) -> Any:
+    def statistics(self) -> AllReduceStatistics:
         return self._portal.run_sync(self._averaging.statistics)
 
 
@@ -506,7 +515,7 @@ class SyncStateSync:
         wait = self._state_sync.config.request_timeout + FETCH_SLACK
         return self._portal.run(lambda: self._state_sync.offers(run_id, donors), wait)
 
-    def statistics(self) -> Any:
+    def statistics(self) -> StateSyncStatistics:
         return self._portal.run_sync(self._state_sync.statistics)
 
 
@@ -538,7 +547,7 @@ class AsyncioStateSync:
         donors = _listed(donors)
         return await self._portal.aio(lambda: self._state_sync.offers(run_id, donors))
 
-    async def statistics(self) -> Any:
+    async def statistics(self) -> StateSyncStatistics:
         return await asyncio.to_thread(self._portal.run_sync, self._state_sync.statistics)
 
 

@@ -38,6 +38,7 @@ from .allreduce import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
 from .allreduce import AllReduceConfig as AllReduceConfig
 from .allreduce import AllReduceResult as AllReduceResult
 from .allreduce import AllReduceService as AllReduceService
+from .allreduce import AllReduceStatistics as AllReduceStatistics
 from .allreduce import Contribution as Contribution
 from .allreduce import Layout as Layout
 from .allreduce import PartReceiver as PartReceiver
@@ -53,6 +54,7 @@ from .matchmaking import LeaderState as LeaderState
 from .matchmaking import MatchmakingConfig as MatchmakingConfig
 from .matchmaking import MatchmakingRound as MatchmakingRound
 from .matchmaking import MatchmakingService as MatchmakingService
+from .matchmaking import MatchmakingStatistics as MatchmakingStatistics
 from .matchmaking import Plan as Plan
 from .matchmaking import PlannedGroup as PlannedGroup
 from .matchmaking import compute_group_id as compute_group_id

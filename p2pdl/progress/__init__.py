@@ -25,7 +25,9 @@ from ._messages import sign_report as sign_report
 from ._messages import verify_report as verify_report
 from ._service import SNAPSHOT_SCHEMA as SNAPSHOT_SCHEMA
 from ._service import ProgressService as ProgressService
+from ._service import ProgressStatistics as ProgressStatistics
 from ._service import ProgressTracker as ProgressTracker
+from ._service import TrackerStatistics as TrackerStatistics
 from ._state import GlobalProgress as GlobalProgress
 from ._state import PeerReport as PeerReport
 from ._state import ProgressView as ProgressView
