@@ -40,7 +40,7 @@ from p2pdl.dht._validation import SIGNATURE_DOMAIN, signing_payload
 from p2pdl.nat import DIALBACK_PROTOCOL_ID, ReachabilityConfig
 from p2pdl.nat._messages import MAX_DIALBACK_ADDRS
 from p2pdl.net import HostConfig, RelayLimits
-from p2pdl.net._host import MAX_RELAY_ROUTES
+from p2pdl.net._dialer import MAX_RELAY_ROUTES
 from p2pdl.net._relay import REFRESH_AT
 from p2pdl.progress import PROGRESS_PROTOCOL_ID, SNAPSHOT_PREFIX, ProgressConfig
 from p2pdl.progress import _messages as progress_messages

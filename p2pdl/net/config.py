@@ -92,8 +92,26 @@ class HostConfig:
             14 minutes with the default backoff.  None: never stop.
         reconnect_check_interval: how often the node checks that it is still
             connected to its initial peers.  Default 2 s.
-        max_inbound_streams_per_peer: streams one peer may have open to our
-            handlers at once; more are reset.  Default 64.
+        max_inbound_streams_per_peer: streams one peer may have open to us at
+            once (any protocol, py-libp2p's own included, still negotiating
+            or served); more are reset before they are read.  Default 64.
+        inbound_handshake_timeout: a stream a peer opens to one of
+            py-libp2p's protocols (identify, ``/ipfs/ping``, circuit relay,
+            DCUtR) is reset unless it is answered within this long.
+            Default 20 s (a relay's answer to a circuit request waits for
+            the target's).
+        input_budget_per_peer: bytes of p2pdl frames one peer may have sent
+            us that the node still holds (frames still arriving, and frames
+            waiting for the application), over all of its streams.  A stream
+            whose bytes would pass it is reset
+            (:class:`~p2pdl.errors.RemoteProtocolError`).  Default 32 MiB:
+            four streams with a full receive window.
+        input_budget_per_node: the same, for all peers together.  Default
+            256 MiB.
+        heap_trim_interval: how often the node checks whether to give memory
+            freed after a burst of input back to the operating system
+            (glibc's ``malloc_trim``, when the resident set grew by 32 MiB
+            since the last time).  Default 10 s; None: never.
         relay_service: serve circuit relay v2 to other peers (for public
             nodes, e.g. a bootstrap node).  Default False.
         relay_limits: bounds of that service.
@@ -117,6 +135,10 @@ class HostConfig:
     initial_peer_retries: int | None = 30
     reconnect_check_interval: float = 2.0
     max_inbound_streams_per_peer: int = 64
+    inbound_handshake_timeout: float = 20.0
+    input_budget_per_peer: int = 32 * MiB
+    input_budget_per_node: int = 256 * MiB
+    heap_trim_interval: float | None = 10.0
     relay_service: bool = False
     relay_limits: RelayLimits = RelayLimits()
     use_relays: bool = True
@@ -133,12 +155,18 @@ class HostConfig:
             object.__setattr__(self, name, tuple(str(v) for v in value))
         if not self.listen:
             raise ConfigError("HostConfig.listen needs at least one address")
-        for name in ("dial_timeout", "stream_open_timeout", "reconnect_check_interval"):
+        for name in ("dial_timeout", "stream_open_timeout", "reconnect_check_interval",
+                     "inbound_handshake_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"HostConfig.{name} must be positive")
         if self.initial_peer_retries is not None and self.initial_peer_retries < 1:
             raise ConfigError("HostConfig.initial_peer_retries must be >= 1 or None")
         if self.max_inbound_streams_per_peer < 1:
             raise ConfigError("HostConfig.max_inbound_streams_per_peer must be >= 1")
+        if self.heap_trim_interval is not None and not self.heap_trim_interval > 0:
+            raise ConfigError("HostConfig.heap_trim_interval must be positive or None")
+        if not 0 < self.input_budget_per_peer <= self.input_budget_per_node:
+            raise ConfigError("HostConfig: input_budget_per_peer must be positive and at "
+                              "most input_budget_per_node")
         if self.relay_reservations < 1:
             raise ConfigError("HostConfig.relay_reservations must be >= 1")

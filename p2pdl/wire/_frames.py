@@ -93,12 +93,23 @@ class FrameDecoder:
     """Turns a byte stream into frames, enforcing size limits as early as possible.
 
     An oversized frame is rejected as soon as its header arrives, before any of
-    its payload is buffered.  Each payload is copied exactly once, into a
-    buffer of its own that the frame then owns (writable, so tensors can be
-    built on it without another copy).  ``feed`` raises
-    :class:`RemoteProtocolError` on any violation; after that the decoder must
-    not be used again.
+    its payload is buffered.  What a partial frame holds grows with the bytes
+    that arrived, never with the length its header announced: a frame of more
+    than ``INLINE_PAYLOAD`` bytes is kept as the pieces that arrived (large
+    pieces as views of the received chunks, small ones copied together) and
+    gets its buffer -- from ``alloc``, a :class:`BufferPool` in a stream --
+    only once it is complete.  Each payload byte is copied once into that
+    buffer, which the frame then owns (writable, so tensors can be built on
+    it without another copy).  :attr:`held` is the memory a partial frame
+    takes (a view keeps its whole chunk alive), for the node's input budget.
+    ``feed`` raises :class:`RemoteProtocolError` on any violation; after that
+    the decoder must not be used again.
     """
+
+    #: Frames up to this size get their buffer when their header arrives.
+    INLINE_PAYLOAD = 64 * 1024
+    #: Pieces of a large frame smaller than this are copied together.
+    MIN_PIECE = 64 * 1024
 
     def __init__(self, *, max_message_size: int, max_tensor_frame_size: int,
                  alloc: Callable[[int], bytearray] = bytearray) -> None:
@@ -110,36 +121,81 @@ class FrameDecoder:
         }
         self._header = bytearray()
         self._kind = FrameKind.MESSAGE
-        self._payload: bytearray | None = None
+        self._length = 0
         self._filled = 0
+        self._payload: bytearray | None = None  # a small frame's buffer
+        self._pieces: list[memoryview | bytearray] | None = None  # a large frame's bytes
+        self._pinned = 0  # bytes of the chunks that views of ``_pieces`` keep alive
 
     @property
     def buffered(self) -> int:
-        """Bytes held that do not yet form a whole frame."""
+        """Bytes received that do not yet form a whole frame."""
         return len(self._header) + self._filled
+
+    @property
+    def held(self) -> int:
+        """Bytes of memory the frame being received takes now."""
+        if self._payload is not None:
+            return len(self._header) + len(self._payload)
+        if self._pieces is not None:
+            return len(self._header) + self._pinned + sum(
+                len(p) for p in self._pieces if isinstance(p, bytearray))
+        return len(self._header)
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         frames: list[Frame] = []
         view = memoryview(data).cast("B")
+        # Views of an immutable chunk are safe to keep; anything else is copied.
+        keep_views = isinstance(data, bytes)
         pos, end = 0, len(view)
         while pos < end:
-            payload = self._payload
-            if payload is None:
+            if self._payload is None and self._pieces is None:
                 take = min(FRAME_HEADER_SIZE - len(self._header), end - pos)
                 self._header += view[pos : pos + take]
                 pos += take
                 if len(self._header) == FRAME_HEADER_SIZE:
                     self._start_frame(frames)
                 continue
-            take = min(len(payload) - self._filled, end - pos)
-            payload[self._filled : self._filled + take] = view[pos : pos + take]
+            take = min(self._length - self._filled, end - pos)
+            payload = self._payload
+            if payload is not None:
+                payload[self._filled : self._filled + take] = view[pos : pos + take]
+            elif self._filled == 0 and take == self._length:  # the whole frame at once
+                payload = self._alloc(take)
+                payload[:] = view[pos : pos + take]
+            else:
+                self._add_piece(view[pos : pos + take], keep_views and 2 * take >= end)
             self._filled += take
             pos += take
-            if self._filled == len(payload):
-                frames.append(Frame(self._kind, payload))
-                self._payload = None
+            if self._filled == self._length:
+                frames.append(Frame(self._kind, payload if payload is not None
+                                    else self._assemble()))
+                self._payload = self._pieces = None
                 self._filled = 0
         return frames
+
+    def _add_piece(self, piece: memoryview, keep_view: bool) -> None:
+        pieces = self._pieces
+        assert pieces is not None
+        if keep_view and len(piece) >= self.MIN_PIECE:
+            pieces.append(piece)
+            self._pinned += len(piece.obj)  # type: ignore[arg-type]
+        elif pieces and isinstance(pieces[-1], bytearray):
+            pieces[-1] += piece
+        else:
+            pieces.append(bytearray(piece))
+
+    def _assemble(self) -> bytearray:
+        pieces = self._pieces
+        assert pieces is not None
+        payload = self._alloc(self._length)
+        offset = 0
+        for piece in pieces:
+            payload[offset : offset + len(piece)] = piece
+            offset += len(piece)
+        pieces.clear()
+        self._pinned = 0
+        return payload
 
     def _start_frame(self, frames: list[Frame]) -> None:
         raw_kind, length = _HEADER.unpack(self._header)
@@ -158,13 +214,21 @@ class FrameDecoder:
         if length == 0:
             frames.append(Frame(kind, bytearray()))
             return
-        self._kind = kind
-        self._payload = self._alloc(length)
-        self._filled = 0
+        self._kind, self._length, self._filled = kind, length, 0
+        if length <= self.INLINE_PAYLOAD:
+            self._payload = self._alloc(length)
+        else:
+            self._pieces = []
+
+    def discard(self) -> None:
+        """Drop whatever a partial frame holds (the stream is over, or broken)."""
+        self._header.clear()
+        self._payload = self._pieces = None
+        self._filled = self._pinned = 0
 
     def check_complete(self) -> None:
         """Called at end of stream: a partial frame means the peer truncated it."""
-        if self.buffered or self._payload is not None:
+        if self.buffered or self._payload is not None or self._pieces is not None:
             raise RemoteProtocolError(
                 f"stream ended inside a frame ({self.buffered} bytes of it received)"
             )

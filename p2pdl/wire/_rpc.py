@@ -5,7 +5,9 @@ concurrent requests on it by request id; a response echoes its request's id.
 This costs one round trip per call instead of a stream opening (multistream
 negotiation) per call.  The server handles up to ``max_inflight_requests``
 requests of a stream at once; beyond that it stops consuming, and credit flow
-control holds the caller back.
+control holds the caller back.  A caller closes a stream idle for
+``rpc_idle_timeout``; the server closes one idle for twice as long (a peer
+that opened streams and asked nothing holds none of them for long).
 """
 
 from __future__ import annotations
@@ -49,14 +51,18 @@ async def serve_rpc_stream(stream: FramedStream, protocol: RpcProtocol, handler:
     While fewer than ``max_inflight_requests`` are being handled, a request is
     handed to its handler task straight from the stream's reader; beyond
     that, requests wait in the stream's bounded inbox (and credit holds the
-    caller back) until a handler finishes.
+    caller back) until a handler finishes.  Returns, so that the stream is
+    closed, once no request was in flight for ``2 * rpc_idle_timeout``.
     """
     limiter = trio.Semaphore(config.max_inflight_requests)
+    idle = _IdleWatch(limiter, config.max_inflight_requests, 2 * config.rpc_idle_timeout)
     async with open_service_nursery() as nursery:
 
         def start(request_id: int, request: Message) -> None:
             ctx = RequestContext(stream.peer_id, protocol.protocol_id, request_id)
-            nursery.start_soon(_answer, stream, protocol, handler, config, ctx, request, limiter)
+            idle.touch()
+            nursery.start_soon(_answer, stream, protocol, handler, config, ctx, request, limiter,
+                               idle)
 
         def dispatch(frame: Frame) -> bool:
             try:
@@ -71,17 +77,53 @@ async def serve_rpc_stream(stream: FramedStream, protocol: RpcProtocol, handler:
             return True
 
         stream.set_dispatcher(dispatch)
-        async for request_id, request in stream.iter_messages(protocol.requests):
-            await limiter.acquire()
-            start(request_id, request)
-        await stream.wait_peer_done()
+        with trio.CancelScope() as serving:
+            nursery.start_soon(idle.cancel_when_idle, serving)
+            async for request_id, request in stream.iter_messages(protocol.requests):
+                await limiter.acquire()
+                start(request_id, request)
+            await stream.wait_peer_done()
+        if serving.cancelled_caught:
+            stream.set_dispatcher(None)
+            logger.debug("%s: closing the idle stream of %s", protocol.protocol_id, stream.peer_id)
+            return
+        idle.stop()
         if isinstance(stream.failure, RemoteProtocolError):
             raise stream.failure
 
 
+class _IdleWatch:
+    """Cancels a serving loop once no request was in flight for ``timeout`` seconds."""
+
+    def __init__(self, limiter: trio.Semaphore, capacity: int, timeout: float) -> None:
+        self._limiter = limiter
+        self._capacity = capacity
+        self._timeout = timeout
+        self._last = trio.current_time()
+        self._stopped = trio.Event()
+
+    def touch(self) -> None:
+        self._last = trio.current_time()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    async def cancel_when_idle(self, scope: trio.CancelScope) -> None:
+        while not self._stopped.is_set():  # bounded: each pass waits ``timeout`` at most
+            with trio.move_on_at(self._last + self._timeout):
+                await self._stopped.wait()
+                return
+            busy = self._limiter.value < self._capacity
+            if not busy and trio.current_time() - self._last >= self._timeout:
+                scope.cancel()
+                return
+            if busy:
+                self.touch()  # a request in flight: idle time starts when it ends
+
+
 async def _answer(stream: FramedStream, protocol: RpcProtocol, handler: RpcHandler,
                   config: WireConfig, ctx: RequestContext, request: Message,
-                  limiter: trio.Semaphore) -> None:
+                  limiter: trio.Semaphore, idle: _IdleWatch) -> None:
     try:
         reply: Message
         with trio.move_on_after(config.handler_timeout) as scope:
@@ -107,10 +149,11 @@ async def _answer(stream: FramedStream, protocol: RpcProtocol, handler: RpcHandl
                          protocol.protocol_id, type(reply).__name__)
             reply = ErrorReply("internal", "the handler returned an invalid response")
         await stream.send_message(reply, ctx.request_id)
-    except (StreamClosedError, CallTimeoutError):
-        pass  # the caller went away; nothing to answer
+    except (StreamClosedError, CallTimeoutError, RemoteProtocolError):
+        pass  # the caller went away, or broke the protocol: the serving loop reports it
     finally:
         limiter.release()
+        idle.touch()
 
 
 class _Pending:
@@ -277,8 +320,9 @@ class RpcClient:
 
         stream.set_dispatcher(deliver)
         idle = self._config.rpc_idle_timeout
-        while True:
-            with trio.move_on_after(idle):
+        while True:  # bounded: each pass waits ``idle`` at most
+            with trio.move_on_at(channel.idle_since + idle if not channel.pending
+                                 else trio.current_time() + idle):
                 await stream.wait_peer_done()
                 return stream.failure
             if not channel.pending and trio.current_time() - channel.idle_since >= idle:

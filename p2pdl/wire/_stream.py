@@ -6,6 +6,12 @@ control and size limits.  Two tasks run in a nursery owned by
 bounded inbox (so a busy consumer never stalls the muxer), and a credit
 writer that returns credit as the application consumes frames (so receiving
 never blocks on a write and stays cancel-safe).
+
+What a peer sent and the application has not taken yet -- a frame still
+arriving, frames in the inbox -- is held against the node's input budget
+(:class:`~p2pdl.net.InputBudget`, per peer and per node) as well as the
+stream's receive window; a frame whose bytes stop arriving for
+``WireConfig.frame_timeout`` resets the stream.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ..errors import (
     RemoteProtocolError,
     StreamClosedError,
 )
+from ..net import input_budget
 from ._flow import ReceiveWindow, SendCredit
 from ._frames import (
     BufferPool,
@@ -119,6 +126,8 @@ class FramedStream:
         self._bytes_sent = self._bytes_received = 0
         self._frames_sent = self._frames_received = 0
         self._traffic: list[int] | None = None
+        self._budget = input_budget(net_stream)
+        self._held = 0  # bytes held against the budget
 
     # -- identity ---------------------------------------------------------
 
@@ -329,15 +338,39 @@ class FramedStream:
         if grant:
             self._credit_owed += grant
             self._credit_wakeup.set()
+        self._hold(self._decoder.held + self._window.buffered)
+
+    def _hold(self, nbytes: int) -> None:
+        """Hold ``nbytes`` in all against the input budget; RemoteProtocolError if it is spent."""
+        budget, delta = self._budget, nbytes - self._held
+        if budget is None or not delta:
+            return
+        if delta < 0:
+            budget.release(self.peer_id, -delta)
+        elif not budget.try_hold(self.peer_id, delta):
+            raise RemoteProtocolError(
+                f"input budget spent: {self.peer_id} would hold {budget.held(self.peer_id) + delta}"
+                f" bytes of unconsumed input (limit {budget.per_peer} per peer), the node "
+                f"{budget.total + delta} (limit {budget.per_node})")
+        self._held = nbytes
 
     # -- background tasks -------------------------------------------------
 
     async def _read_loop(self) -> None:
         net, decoder, read_size = self._net, self._decoder, self._config.read_size
+        frame_timeout = self._config.frame_timeout
         try:
             while True:
                 try:
-                    data = await net.read(read_size)
+                    if decoder.buffered:
+                        with trio.move_on_after(frame_timeout) as scope:
+                            data = await net.read(read_size)
+                        if scope.cancelled_caught:
+                            raise RemoteProtocolError(
+                                f"a frame was left unfinished: {decoder.buffered} bytes of it, "
+                                f"then nothing for {frame_timeout:.0f} s")
+                    else:
+                        data = await net.read(read_size)
                 except StreamEOF:
                     data = b""
                 if not data:
@@ -358,8 +391,10 @@ class FramedStream:
                         else:
                             self._inbox.append(frame)
                             self._inbox_lot.unpark_all()
+                self._hold(decoder.held + self._window.buffered)
         except RemoteProtocolError as exc:
-            logger.info("protocol error from %s on %s: %s", self.peer_id, self.protocol, exc)
+            # Whoever owns the stream reports it (the host logs an inbound one once).
+            logger.debug("protocol error from %s on %s: %s", self.peer_id, self.protocol, exc)
             await self._abort(exc)
         except StreamError:
             self._fail(StreamClosedError(f"stream with {self.peer_id} was reset"))
@@ -399,9 +434,19 @@ class FramedStream:
             self._error = exc
         if isinstance(exc, RemoteProtocolError):
             self._inbox.clear()
+            self._release_input()
         self._peer_done.set()
         self._inbox_lot.unpark_all()
         self._credit_lot.unpark_all()
+
+    def _release_input(self) -> None:
+        """Drop what a partial frame holds and give everything held back to the
+        budget (the stream is broken or over, its inbox emptied)."""
+        self._decoder.discard()
+        if self._budget is not None and self._held:
+            self._budget.release(self.peer_id, self._held)
+        self._held = 0
+        self._budget = None  # nothing more is held
 
     async def _abort(self, exc: BaseException) -> None:
         self._fail(exc)
@@ -489,3 +534,5 @@ async def open_framed_stream(net_stream: INetStream,
                 raise
         finally:
             nursery.cancel_scope.cancel()
+            stream._inbox.clear()  # nobody will take it now
+            stream._release_input()

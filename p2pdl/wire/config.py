@@ -48,8 +48,14 @@ class WireConfig:
             more wait (backpressure through credit).  Default 32.
         handler_timeout: longest time an RPC handler may take before the
             caller is sent a ``timeout`` error.  Default 60 s.
-        rpc_idle_timeout: an RPC stream with no requests in flight for this
-            long is closed.  Default 60 s.
+        rpc_idle_timeout: the caller closes an RPC stream that had no request
+            in flight for this long; the server closes one that had no
+            request in flight for twice as long (a caller that went quiet,
+            or never asked anything).  Default 60 s.
+        frame_timeout: a frame whose bytes stop arriving (its header or part
+            of its payload came, then nothing) for this long resets the
+            stream: a peer that half-sends frames holds no buffer for long.
+            Default 30 s.
         call_timeout: default timeout of :meth:`call`.  Default 30 s.
     """
 
@@ -63,6 +69,7 @@ class WireConfig:
     max_inflight_requests: int = 32
     handler_timeout: float = 60.0
     rpc_idle_timeout: float = 60.0
+    frame_timeout: float = 30.0
     call_timeout: float = 30.0
 
     def __post_init__(self) -> None:
@@ -81,7 +88,8 @@ class WireConfig:
         check(256 * KiB <= self.tensor_chunk_size <= MAX_FRAME_PAYLOAD - 64 * KiB,
               "tensor_chunk_size must be in 256 KiB..4 MiB")
         check(self.read_size >= 64 * KiB, "read_size must be at least 64 KiB")
-        for name in ("send_timeout", "handler_timeout", "rpc_idle_timeout", "call_timeout"):
+        for name in ("send_timeout", "handler_timeout", "rpc_idle_timeout", "call_timeout",
+                     "frame_timeout"):
             check(getattr(self, name) > 0, f"{name} must be positive")
         check(self.max_inflight_requests >= 1, "max_inflight_requests must be >= 1")
 

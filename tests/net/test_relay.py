@@ -157,4 +157,4 @@ async def test_public_node_drops_its_wish_for_relays():
         await wait_for(lambda: a.host.relay_reservations() != [])
         a.host.set_wants_relays(False)
         assert a.host.relay_reservations()  # held until it expires; not refreshed
-        assert a.host._relays.next_action(trio.current_time(), False).kind == "wait"
+        assert a.host._reservations.book.next_action(trio.current_time(), False).kind == "wait"

@@ -157,3 +157,53 @@ def test_valid_tensor_frame_decodes():
     (f,) = FrameDecoder(**LIMITS).feed(prefix + data)
     chunk = decode_tensor_frame(f.payload)
     assert chunk.request_id == 9 and chunk.header == header and bytes(chunk.data) == data
+
+
+# -- memory: buffers grow with the bytes that arrived ----------------------------------
+
+def _allocated_while(action) -> int:
+    import gc
+    import tracemalloc
+    gc.collect()
+    tracemalloc.start()
+    try:
+        kept = action()
+        size, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del kept
+    return size
+
+
+def test_a_large_frame_header_alone_allocates_nothing():
+    # A peer announced a 4 MiB TENSOR frame and sent nothing more: the node
+    # must not set 4 MiB aside for it (64 such streams per peer cost 260 MiB).
+    decoder = FrameDecoder(**LIMITS, alloc=BufferPool(max_buffers=4))
+    header = frame_header(FrameKind.TENSOR, 4 << 20)
+    assert _allocated_while(lambda: decoder.feed(header)) < 64 * 1024
+    assert decoder.buffered == 0
+
+
+def test_a_partial_frame_holds_about_what_arrived():
+    decoder = FrameDecoder(**LIMITS, alloc=BufferPool(max_buffers=4))
+    data = frame_header(FrameKind.TENSOR, 4 << 20) + bytes(300 * 1024)
+    held = _allocated_while(lambda: (decoder.feed(bytes(data[:5])), decoder.feed(data[5:]),
+                                     data))
+    assert held < 2 * len(data) + 64 * 1024
+    assert decoder.buffered == 300 * 1024 + 0
+
+
+def test_a_frame_sent_in_tiny_pieces_costs_no_more_than_its_bytes():
+    decoder = FrameDecoder(**LIMITS)
+    payload = bytes(range(256)) * 1024  # 256 KiB
+    data = frame_header(FrameKind.TENSOR, len(payload)) + payload
+    frames = decoder.feed(data[:5])
+
+    def feed_bytewise() -> int:
+        for i in range(5, len(data) - 1):
+            frames.extend(decoder.feed(data[i:i + 1]))
+        return decoder.buffered
+
+    assert _allocated_while(feed_bytewise) < 2 * len(payload) + 64 * 1024
+    frames += decoder.feed(data[-1:])
+    assert [bytes(f.payload) for f in frames] == [payload]

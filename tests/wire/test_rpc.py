@@ -226,3 +226,49 @@ async def test_server_going_away_fails_pending_calls_quickly():
         with trio.fail_after(10):
             while not outcome:
                 await trio.sleep(0.05)
+
+
+async def test_server_closes_a_stream_that_asks_nothing():
+    config = NodeConfig(wire=WireConfig(rpc_idle_timeout=0.3),
+                        nat=ReachabilityConfig(enabled=False))
+    async with open_nodes(2, config) as (a, b):
+        raw = await b.host.libp2p.new_stream(a.peer_id, ["/p2pdl/ping/1.0.0"])
+        start = trio.current_time()
+        with trio.fail_after(10):
+            while True:  # the server half-closes, then resets after its linger
+                try:
+                    if not await raw.read(65536):
+                        break
+                except Exception:  # reset
+                    break
+        assert trio.current_time() - start < 5
+        assert await b.ping(a.peer_id) < 5
+
+
+async def test_a_violation_after_a_valid_request_is_one_quiet_line(caplog):
+    import logging
+
+    from p2pdl.wire._frames import FrameKind, frame_header
+    from p2pdl.wire._messages import encode_message
+
+    config = NodeConfig(nat=ReachabilityConfig(enabled=False))
+    async with open_nodes(2, config) as (a, b):
+        serve_work(a)
+        with caplog.at_level(logging.DEBUG):
+            for _ in range(10):
+                raw = await b.host.libp2p.new_stream(a.peer_id, [WORK.protocol_id])
+                request = encode_message(Work(1, delay=0.2), 1)
+                unknown = encode_message(Hello(1, "x"), 2)  # not a request of the protocol
+                await raw.write(frame_header(FrameKind.MESSAGE, len(request)) + request
+                                + frame_header(FrameKind.MESSAGE, len(unknown)) + unknown)
+                with trio.fail_after(10):
+                    while True:
+                        try:
+                            if not await raw.read(65536):
+                                break
+                        except Exception:  # reset
+                            break
+            await trio.sleep(0.5)
+        loud = [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]
+        assert not loud, [r.getMessage() for r in loud]
+        assert a.host.statistics().inbound.protocol_errors[WORK.protocol_id] == 10

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import struct
@@ -11,7 +12,9 @@ import torch
 import trio
 from libp2p.network.stream.exceptions import StreamError
 
+from p2pdl import NodeConfig, open_node
 from p2pdl.errors import LocalProtocolError, RemoteProtocolError, StreamClosedError
+from p2pdl.nat import ReachabilityConfig
 from p2pdl.wire import FrameDecoder, FrameKind, MessageSet, TensorChunk, WireConfig
 from p2pdl.wire._frames import frame_header
 from p2pdl.wire._messages import encode_message
@@ -256,3 +259,66 @@ async def test_oversized_message_is_refused_locally_before_sending(two_nodes):
         with pytest.raises(LocalProtocolError, match="exceeds max_message_size"):
             await stream.send_message(Hello(1, "x", blob=bytes(2 * MiB)))
         assert stream.statistics().bytes_sent == 0
+
+
+# -- bounded input: budgets and timeouts ----------------------------------------------
+
+def _budget_config(**wire) -> NodeConfig:
+    config = NodeConfig.build(listen=["/ip4/127.0.0.1/tcp/0"],
+                              input_budget_per_peer=6 * MiB, input_budget_per_node=64 * MiB)
+    return dataclasses.replace(config, wire=WireConfig(**wire),
+                               nat=ReachabilityConfig(enabled=False))
+
+
+async def test_announced_but_unsent_frames_hold_no_memory():
+    async with open_node(_budget_config()) as a, open_node(_budget_config()) as attacker:
+        a.set_stream_handler(SINK, lambda stream: stream.receive(HELLO))
+        await attacker.connect(a.addrs[0])
+        raws = [await attacker.host.libp2p.new_stream(a.peer_id, [SINK]) for _ in range(32)]
+        for raw in raws:  # a 4 MiB TENSOR frame announced, nothing of it sent
+            await raw.write(frame_header(FrameKind.TENSOR, 4 * MiB))
+        await trio.sleep(0.5)
+        stats = a.host.statistics()
+        assert stats.buffered_input < 32 * 1024
+        assert stats.input_budget_refusals == 0
+
+
+async def test_a_peer_holding_more_than_its_budget_has_its_stream_reset():
+    async with open_node(_budget_config()) as a, open_node(_budget_config()) as attacker, \
+            open_node(_budget_config()) as honest:
+        errors: list = []
+        await _serve_hello(a, errors)
+        await attacker.connect(a.addrs[0])
+        await honest.connect(a.addrs[0])
+        raws = [await attacker.host.libp2p.new_stream(a.peer_id, [SINK]) for _ in range(3)]
+        for raw in raws:  # three frames of 4 MiB, each one byte short: 12 MiB held > 6 MiB
+            try:
+                await raw.write(frame_header(FrameKind.TENSOR, 4 * MiB) + bytes(4 * MiB - 1))
+            except StreamError:  # that one was reset
+                pass
+        with trio.fail_after(10):
+            while not errors:
+                await trio.sleep(0.05)
+        assert "input budget" in str(errors[0])
+        stats = a.host.statistics()
+        assert stats.input_budget_refusals >= 1
+        assert stats.buffered_input <= 6 * MiB
+        async with honest.open_stream(a.peer_id, SINK) as stream:  # others are served
+            await stream.send_message(Hello(1, "still there"), 1)
+            assert await stream.receive_message(HELLO) == (1, Hello(1, "still there"))
+    assert a.host.statistics().buffered_input == 0
+
+
+async def test_a_half_sent_frame_times_out():
+    async with open_node(_budget_config(frame_timeout=0.5)) as a, \
+            open_node(_budget_config()) as b:
+        errors: list = []
+        await _serve_hello(a, errors)
+        await b.connect(a.addrs[0])
+        raw = await b.host.libp2p.new_stream(a.peer_id, [SINK])
+        await raw.write(frame_header(FrameKind.MESSAGE, 100) + b"partial")
+        start = trio.current_time()
+        await _expect_reset(raw)
+        assert trio.current_time() - start < 5
+        assert "left unfinished" in str(errors[0])
+        assert a.host.statistics().buffered_input == 0
