@@ -29,7 +29,7 @@ from .averaging import AllReduceService, MatchmakingService
 from .dht import DHTService
 from .errors import CallTimeoutError, ConfigError, P2PDLError, ProtocolNotSupportedError
 from .nat import NatService
-from .net import Host, PeerIDLike, open_host, ping_libp2p
+from .net import Host, HostStatistics, PeerIDLike, open_host, ping_libp2p
 from .progress import ProgressService
 from .service import (
     AdmissionGate,
@@ -91,6 +91,7 @@ class NodeStatistics(Statistics):
     client_mode: bool
     relay_reservations: int
     paths: dict[str, int]
+    host: HostStatistics
     admission: AdmissionStatistics
     nat: Statistics
     dht: Statistics
@@ -300,7 +301,7 @@ class TrioNode:
                               self._rpc.open_channels(), self.reachability.value,
                               self.client_mode, len(self._host.relay_reservations()),
                               {k: paths.count(k) for k in ("direct", "hole-punched", "relayed")},
-                              self._gate.statistics(), **services)
+                              self._host.statistics(), self._gate.statistics(), **services)
 
     def _close(self) -> None:
         self._rpc.close()

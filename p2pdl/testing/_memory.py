@@ -59,6 +59,8 @@ from ..net import (
     LIBP2P_PING_PROTOCOL_ID,
     Backoff,
     HostConfig,
+    HostStatistics,
+    InboundStatistics,
     PeerIDLike,
     parse_multiaddr,
     parse_peer_addr,
@@ -615,6 +617,12 @@ class MemoryHost:
 
     def relay_reservations(self) -> list[ID]:
         return []
+
+    def statistics(self) -> HostStatistics:
+        """As :meth:`p2pdl.net.Host.statistics`; a memory host counts no inbound
+        streams and holds no input budget (``MemoryNetwork.statistics`` counts streams)."""
+        return HostStatistics(len(self.connected_peers()), InboundStatistics(0, 0, 0, {}, {}),
+                              0, 0, 0)
 
     # -- initial peers and the end ------------------------------------------------
 

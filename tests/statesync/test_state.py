@@ -125,9 +125,10 @@ def test_manifest_chunks_and_checks():
         start, end = m.chunk_bounds(i)
         assert m.chunk_digest(i) == hashlib.sha256(payload[start:end]).digest()
         assert m.verify_chunk(i, payload[start:end])
-    assert not m.verify_chunk(0, b"\0" + payload[1:CHUNK])
+    assert not m.verify_chunk(0, bytes([payload[0] ^ 0xFF]) + payload[1:CHUNK])
     assert not m.verify_chunk(3, payload[-10:] + b"x")  # a wrong length
-    assert m.verify_payload(payload) and not m.verify_payload(payload[:-1] + b"\0")
+    flipped = payload[:-1] + bytes([payload[-1] ^ 0xFF])
+    assert m.verify_payload(payload) and not m.verify_payload(flipped)
     assert m.problem(64 * MiB) is None
     assert Manifest.build(7, bytearray(payload), CHUNK) == m
     assert Manifest.build(7, payload, CHUNK) != Manifest.build(8, payload, CHUNK)

@@ -380,7 +380,7 @@ class AllReduceService:
                 raise RemoteProtocolError("an all-reduce stream must start with ar.begin")
             _, begin = item
             assert isinstance(begin, Begin)
-            session = await self._find_session(begin.group_id, stream.peer_id)
+            session = await self._find_session_while_open(stream, begin.group_id)
             return Opened(session.group.run_id, (session, begin))
         except RemoteProtocolError as exc:
             # Broken before its ar.begin was read (it may have arrived in the
@@ -428,11 +428,39 @@ class AllReduceService:
             except P2PDLError:
                 pass  # the sender went away; nothing to tell it
         elif isinstance(exc, RemoteProtocolError):
+            # Counted here; the host resets the stream, counts it per protocol and
+            # logs it once per peer, as for every protocol.
             self._counters["protocol_errors"] += 1
-            logger.info("all-reduce: protocol error from %s: %s", stream.peer_id, exc)
-            await stream.reset()
+            raise exc
         else:  # the stream broke, or a send found no credit
             logger.debug("all-reduce: stream from %s ended: %s", stream.peer_id, exc)
+
+    async def _find_session_while_open(self, stream: FramedStream, group_id: bytes
+                                       ) -> _Session:
+        """:meth:`_find_session`, given up as soon as the sender's stream ends."""
+        found: list[_Session] = []
+        failed: list[BaseException] = []
+        async with trio.open_nursery() as nursery:
+
+            async def find() -> None:
+                try:
+                    found.append(await self._find_session(group_id, stream.peer_id))
+                except (RejectError, P2PDLError) as exc:
+                    failed.append(exc)
+                nursery.cancel_scope.cancel()
+
+            async def watch() -> None:
+                await stream.wait_peer_done()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(find)
+            nursery.start_soon(watch)
+        if failed:
+            raise failed[0]
+        if not found:
+            raise StreamClosedError(f"{stream.peer_id} closed its all-reduce stream while "
+                                    f"it waited for its group")
+        return found[0]
 
     async def _find_session(self, group_id: bytes, peer: Any) -> _Session:
         """The session of ``group_id``, waiting up to ``join_wait`` for it to start.

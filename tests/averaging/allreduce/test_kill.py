@@ -17,12 +17,22 @@ import trio
 from p2pdl.averaging import AllReduceConfig, CodecPolicy, Group, GroupMemberInfo
 from p2pdl.testing import open_nodes
 
-from ..matchmaking.test_service import read_json_line
 from .ar_peer import peer_inputs
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
 PEER_SCRIPT = pathlib.Path(__file__).with_name("ar_peer.py")
+
+
+async def read_json_line(stream, buffer: bytearray) -> dict:
+    while b"\n" not in buffer:
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            raise EOFError("the child process closed its output")
+        buffer.extend(chunk)
+    line, _, rest = bytes(buffer).partition(b"\n")
+    buffer[:] = rest
+    return json.loads(line)
 TIMEOUTS = {"sender_timeout": 2.0, "reducer_timeout": 4.0, "averaging_timeout": 30.0,
             "chunk_values": 4096}
 

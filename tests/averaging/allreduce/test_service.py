@@ -327,3 +327,19 @@ async def test_streams_for_unknown_or_finished_groups_are_refused(autojump_clock
         assert 0.4 < trio.current_time() - start < 3
         assert await begin(group.group_id) == "finished"
         assert nodes[1].averaging.statistics()["streams_rejected"] == 2
+
+
+async def test_a_waiting_stream_whose_sender_left_stops_waiting_at_once(autojump_clock):
+    async with open_memory_nodes(2) as nodes:  # join_wait: the default 10 s
+        await connect_all(nodes)
+        async with nodes[0].open_stream(nodes[1].peer_id, ALLREDUCE_PROTOCOL_ID) as stream:
+            await stream.send_message(Begin(b"\2" * 32, 0, 1, b"\0" * 32, 1.0))
+            with trio.fail_after(5):
+                while nodes[1].averaging.statistics()["waiting"] == 0:
+                    await trio.sleep(0.01)
+            await stream.reset()
+        start = trio.current_time()
+        with trio.fail_after(5):
+            while nodes[1].averaging.statistics()["waiting"]:
+                await trio.sleep(0.01)
+        assert trio.current_time() - start < 1.0  # not join_wait
