@@ -81,8 +81,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from p2pdl import netlab  # noqa: E402
-from p2pdl.averaging import CodecPolicy, PeerCapacity, choose_codec  # noqa: E402
-from p2pdl.averaging._balancing import equal_shares, plan_load, round_time  # noqa: E402
+from p2pdl.averaging import (  # noqa: E402
+    CodecPolicy,
+    PeerCapacity,
+    choose_codec,
+    equal_shares,
+    plan_load,
+    round_time,
+)
 from simulations._harness import (  # noqa: E402
     CpuMeter,
     CpuUsage,

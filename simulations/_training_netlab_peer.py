@@ -144,7 +144,7 @@ def prioritize(nice: int) -> str:
 def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     import torch
 
-    from p2pdl.training._example import ExampleConfig, ExampleTask
+    from p2pdl.training import ExampleConfig, ExampleTask
 
     config = ExampleConfig(d_model=args.d_model, n_layers=args.layers, n_heads=args.heads,
                            context_length=args.context, batch_size=args.batch)

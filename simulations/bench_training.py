@@ -150,9 +150,8 @@ def log(quiet: bool, *parts: object) -> None:
 def plan(args: argparse.Namespace) -> dict[str, Any]:
     """The model's size, the vector on the wire and the predicted round against the
     compute of an epoch (before any measurement)."""
-    from p2pdl.averaging import CodecPolicy, PeerCapacity, choose_codec
-    from p2pdl.averaging._balancing import equal_shares
-    from p2pdl.training._example import ExampleConfig, TinyTransformerLM
+    from p2pdl.averaging import CodecPolicy, PeerCapacity, choose_codec, equal_shares
+    from p2pdl.training import ExampleConfig, TinyTransformerLM
 
     m = args.model_config
     model = TinyTransformerLM(ExampleConfig(d_model=m["d_model"], n_layers=m["layers"],

@@ -28,8 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from p2pdl.dht._lookup import Lookup  # noqa: E402
-from p2pdl.dht._routing import Contact, RoutingTable  # noqa: E402
+from p2pdl.dht import Contact, Lookup, RoutingTable  # noqa: E402
 
 
 class SimNetwork:

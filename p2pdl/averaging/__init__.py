@@ -24,6 +24,7 @@ from ._balancing import PeerCapacity as PeerCapacity
 from ._balancing import equal_shares as equal_shares
 from ._balancing import part_sizes as part_sizes
 from ._balancing import plan_load as plan_load
+from ._balancing import round_time as round_time
 from ._codecs import CODECS as CODECS
 from ._codecs import Codec as Codec
 from ._codecs import CodecPolicy as CodecPolicy
