@@ -35,6 +35,7 @@ from .service import (
     AdmissionGate,
     AdmissionStatistics,
     Endpoint,
+    FlagBook,
     Gatekeeper,
     OpenAdmission,
     Reachability,
@@ -113,7 +114,9 @@ class TrioNode:
         self._gate = Gatekeeper(admission)
         self._protocols: set[str] = set()
         self.serve(PING, answer_ping)  # type: ignore[arg-type]
-        context = ServiceContext(host, self._rpc.call, config.wire, clock)
+        self._flags = FlagBook()
+        context = ServiceContext(host, self._rpc.call, config.wire, clock,
+                                 members=self._gate, flags=self._flags)
         self._services: dict[str, Any] = {}
         for name, build in SERVICES:
             service = build(context, config, self._services)
@@ -144,6 +147,11 @@ class TrioNode:
     def admission(self) -> AdmissionGate:
         """The gate every inbound request and stream of every protocol passes."""
         return self._gate.gate
+
+    @property
+    def flags(self) -> FlagBook:
+        """Peers this node caught lying about themselves, by run and kind (local knowledge)."""
+        return self._flags
 
     @property
     def nat(self) -> NatService:

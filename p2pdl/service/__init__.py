@@ -10,7 +10,10 @@ statesync, averaging).  Modules:
 * ``_endpoints`` -- :class:`RpcEndpoint`, :class:`StreamEndpoint` and
   :func:`install_endpoint`, which serves them behind the admission gate.
 * ``_admission`` -- the admission gate (:class:`AdmissionGate`,
-  :class:`OpenAdmission`, :class:`Refusal`) and the node's :class:`Gatekeeper`.
+  :class:`OpenAdmission`, :class:`Refusal`), what services read of a run's
+  membership (:class:`MembershipView`, :class:`Role`) and the node's :class:`Gatekeeper`.
+* ``_flags`` -- the node's :class:`FlagBook` of peers caught lying about
+  themselves (a report far ahead of the quorum, a weight beyond evidence).
 * ``_validate`` -- run ids (one meaning everywhere: at most 128 bytes of
   UTF-8) and number checks shared by every configuration.
 """
@@ -20,9 +23,14 @@ from ._admission import NOT_ADMITTED as NOT_ADMITTED
 from ._admission import AdmissionGate as AdmissionGate
 from ._admission import AdmissionStatistics as AdmissionStatistics
 from ._admission import Gatekeeper as Gatekeeper
+from ._admission import MembershipView as MembershipView
+from ._admission import Role as Role
 from ._admission import OpenAdmission as OpenAdmission
 from ._admission import Refusal as Refusal
 from ._contract import Call as Call
+from ._flags import MAX_FLAGGED_PEERS as MAX_FLAGGED_PEERS
+from ._flags import Flag as Flag
+from ._flags import FlagBook as FlagBook
 from ._contract import Reachability as Reachability
 from ._contract import ReachabilityView as ReachabilityView
 from ._contract import Service as Service

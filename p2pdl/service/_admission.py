@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import logging
 from typing import Protocol
 
 from libp2p.peer.id import ID
 
-__all__ = ["NOT_ADMITTED", "Refusal", "AdmissionGate", "OpenAdmission", "Gatekeeper",
-           "AdmissionStatistics", "MAX_LOGGED_PEERS"]
+__all__ = ["NOT_ADMITTED", "Refusal", "Role", "AdmissionGate", "MembershipView",
+           "OpenAdmission", "Gatekeeper", "AdmissionStatistics", "MAX_LOGGED_PEERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +37,30 @@ class Refusal:
     code: str = NOT_ADMITTED
 
 
-class AdmissionGate(Protocol):
+class Role(enum.Enum):
+    """What a member of a run may do there (certificate runs name it)."""
+
+    TRAINER = "trainer"        # computes gradients, reports samples, averages, donates state
+    AUXILIARY = "auxiliary"    # averages (reduces) and donates state, reports no samples
+    MONITOR = "monitor"        # follows progress and downloads state; never averages
+
+
+class MembershipView(Protocol):
+    """What services read of a run's membership once a request is admitted.
+
+    ``role_of`` is the member's role where the run binds roles (certificate
+    runs); None where it does not (open and allowlist runs, where a peer's
+    word about its role is all there is) or where the peer is no member.
+    ``is_member`` says whether the peer belongs to the run as far as this node
+    knows now (an open run: every peer).  Both are quick and never wait.
+    """
+
+    def is_member(self, peer: ID, run_id: str) -> bool: ...
+
+    def role_of(self, peer: ID, run_id: str) -> Role | None: ...
+
+
+class AdmissionGate(MembershipView, Protocol):
     """Decides, for each inbound request, whether its peer may make it.
 
     ``run_id`` is the run the request belongs to, or None for protocols that
@@ -52,6 +76,12 @@ class OpenAdmission:
     """Admits every peer to everything: a run is open to anyone who knows its id."""
 
     def admit(self, peer: ID, protocol_id: str, run_id: str | None) -> Refusal | None:
+        return None
+
+    def is_member(self, peer: ID, run_id: str) -> bool:
+        return True
+
+    def role_of(self, peer: ID, run_id: str) -> Role | None:
         return None
 
 
@@ -89,6 +119,12 @@ class Gatekeeper:
             if len(self._logged) > MAX_LOGGED_PEERS:
                 self._logged.popitem(last=False)
         return refusal
+
+    def is_member(self, peer: ID, run_id: str) -> bool:
+        return self.gate.is_member(peer, run_id)
+
+    def role_of(self, peer: ID, run_id: str) -> Role | None:
+        return self.gate.role_of(peer, run_id)
 
     def statistics(self) -> AdmissionStatistics:
         return AdmissionStatistics(self._admitted, sum(self._refused.values()),

@@ -27,6 +27,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
+from ._admission import MembershipView, OpenAdmission
+from ._flags import FlagBook
+
 if TYPE_CHECKING:
     from ..net import Host, PeerIDLike
     from ..wire import Message, RpcProtocol, WireConfig
@@ -64,12 +67,17 @@ class ServiceContext:
     """What the node gives every service: its host, its RPC call function, the wire's limits.
 
     ``clock``: the wall clock (seconds) that expirations and report times refer to.
+    ``members``: the runs' membership as the node's admission gate knows it
+    (who is a member, in which role).  ``flags``: the node's book of peers
+    caught lying about themselves.
     """
 
     host: Host
     call: Call
     wire: WireConfig
     clock: Callable[[], float] = time.time
+    members: MembershipView = dataclasses.field(default_factory=OpenAdmission)
+    flags: FlagBook = dataclasses.field(default_factory=FlagBook)
 
 
 class Statistics(collections.abc.Mapping):  # type: ignore[type-arg]
