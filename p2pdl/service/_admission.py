@@ -52,12 +52,22 @@ class MembershipView(Protocol):
     runs); None where it does not (open and allowlist runs, where a peer's
     word about its role is all there is) or where the peer is no member.
     ``is_member`` says whether the peer belongs to the run as far as this node
-    knows now (an open run: every peer).  Both are quick and never wait.
+    knows now (an open run: every peer).  ``credential`` is this node's own
+    proof of membership of a run (certificate bytes), for services to attach
+    where other peers learn of it without a connection (a DHT record, a
+    gossiped report); None where the run needs none.  ``learn`` offers a
+    credential of ``peer`` learnt that way: it is checked as if the peer had
+    presented it, and True means the peer is now known as a member.  All are
+    quick and never wait.
     """
 
     def is_member(self, peer: ID, run_id: str) -> bool: ...
 
     def role_of(self, peer: ID, run_id: str) -> Role | None: ...
+
+    def credential(self, run_id: str) -> bytes | None: ...
+
+    def learn(self, peer: ID, run_id: str, credential: bytes) -> bool: ...
 
 
 class AdmissionGate(MembershipView, Protocol):
@@ -83,6 +93,12 @@ class OpenAdmission:
 
     def role_of(self, peer: ID, run_id: str) -> Role | None:
         return None
+
+    def credential(self, run_id: str) -> bytes | None:
+        return None
+
+    def learn(self, peer: ID, run_id: str, credential: bytes) -> bool:
+        return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +141,12 @@ class Gatekeeper:
 
     def role_of(self, peer: ID, run_id: str) -> Role | None:
         return self.gate.role_of(peer, run_id)
+
+    def credential(self, run_id: str) -> bytes | None:
+        return self.gate.credential(run_id)
+
+    def learn(self, peer: ID, run_id: str, credential: bytes) -> bool:
+        return self.gate.learn(peer, run_id, credential)
 
     def statistics(self) -> AdmissionStatistics:
         return AdmissionStatistics(self._admitted, sum(self._refused.values()),

@@ -69,7 +69,11 @@ class ServiceContext:
     ``clock``: the wall clock (seconds) that expirations and report times refer to.
     ``members``: the runs' membership as the node's admission gate knows it
     (who is a member, in which role).  ``flags``: the node's book of peers
-    caught lying about themselves.
+    caught lying about themselves.  ``introduce``: ``await introduce(peer,
+    run_id)`` before a service opens a run-scoped stream to ``peer`` that does
+    not go through ``call`` (the all-reduce's, state sync's): it makes sure
+    both sides have shown each other their membership on this connection (a
+    no-op where the run needs no proof).  ``call`` does it by itself.
     """
 
     host: Host
@@ -78,6 +82,12 @@ class ServiceContext:
     clock: Callable[[], float] = time.time
     members: MembershipView = dataclasses.field(default_factory=OpenAdmission)
     flags: FlagBook = dataclasses.field(default_factory=FlagBook)
+    introduce: Callable[[Any, str], Awaitable[None]] = dataclasses.field(
+        default=lambda peer, run_id: _introduced())
+
+
+async def _introduced() -> None:
+    """``introduce`` where no run needs proof of membership."""
 
 
 class Statistics(collections.abc.Mapping):  # type: ignore[type-arg]
