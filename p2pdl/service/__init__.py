@@ -24,13 +24,10 @@ from ._admission import AdmissionGate as AdmissionGate
 from ._admission import AdmissionStatistics as AdmissionStatistics
 from ._admission import Gatekeeper as Gatekeeper
 from ._admission import MembershipView as MembershipView
-from ._admission import Role as Role
 from ._admission import OpenAdmission as OpenAdmission
 from ._admission import Refusal as Refusal
+from ._admission import Role as Role
 from ._contract import Call as Call
-from ._flags import MAX_FLAGGED_PEERS as MAX_FLAGGED_PEERS
-from ._flags import Flag as Flag
-from ._flags import FlagBook as FlagBook
 from ._contract import Reachability as Reachability
 from ._contract import ReachabilityView as ReachabilityView
 from ._contract import Service as Service
@@ -45,6 +42,9 @@ from ._endpoints import gated_handler as gated_handler
 from ._endpoints import install_endpoint as install_endpoint
 from ._endpoints import no_run as no_run
 from ._endpoints import run_of_request as run_of_request
+from ._flags import MAX_FLAGGED_PEERS as MAX_FLAGGED_PEERS
+from ._flags import Flag as Flag
+from ._flags import FlagBook as FlagBook
 from ._validate import MAX_RUN_ID_BYTES as MAX_RUN_ID_BYTES
 from ._validate import RunId as RunId
 from ._validate import check_run_id as check_run_id
