@@ -499,7 +499,8 @@ class SyncStateSync:
         self._state_sync.unshare(run_id)
 
     def fetch(self, run_id: str, donors: Sequence[PeerIDLike], *, min_epoch: int = 0,
-              timeout: float | None = None, digest: bytes | None = None) -> StateDownload:
+              max_epoch: int | None = None, timeout: float | None = None,
+              digest: bytes | None = None) -> StateDownload:
         """Block until the state is downloaded (at most ``timeout`` s, default
         ``fetch_timeout``).  Raises what the trio call raises."""
         donors = _listed(donors)
@@ -507,7 +508,8 @@ class SyncStateSync:
             else self._state_sync.config.fetch_timeout
         wait = float(limit) + FETCH_SLACK if math.isfinite(limit) else None
         return self._portal.run(lambda: self._state_sync.fetch(
-            run_id, donors, min_epoch=min_epoch, timeout=timeout, digest=digest), wait)
+            run_id, donors, min_epoch=min_epoch, max_epoch=max_epoch, timeout=timeout,
+            digest=digest), wait)
 
     def offers(self, run_id: str, donors: Sequence[PeerIDLike]) -> dict[ID, tuple[int, bytes]]:
         """Block until every donor said what it offers (see :meth:`StateSyncService.offers`)."""
@@ -536,11 +538,12 @@ class AsyncioStateSync:
         self._state_sync.unshare(run_id)
 
     async def fetch(self, run_id: str, donors: Sequence[PeerIDLike], *, min_epoch: int = 0,
-                    timeout: float | None = None, digest: bytes | None = None
-                    ) -> StateDownload:
+                    max_epoch: int | None = None, timeout: float | None = None,
+                    digest: bytes | None = None) -> StateDownload:
         donors = _listed(donors)
         return await self._portal.aio(lambda: self._state_sync.fetch(
-            run_id, donors, min_epoch=min_epoch, timeout=timeout, digest=digest))
+            run_id, donors, min_epoch=min_epoch, max_epoch=max_epoch, timeout=timeout,
+            digest=digest))
 
     async def offers(self, run_id: str, donors: Sequence[PeerIDLike]
                      ) -> dict[ID, tuple[int, bytes]]:

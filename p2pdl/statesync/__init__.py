@@ -7,8 +7,10 @@ Modules:
 * ``config`` -- :class:`StateSyncConfig` (documented defaults) and the wire's
   hard limits.
 * ``_messages`` -- the protocol: manifest and chunk requests, replies, refusals.
-* ``_state`` -- sans-IO: manifests, the snapshot table of a donor, resumable
-  partial downloads, the manifest vote and the chunk plan.
+* ``_state`` -- sans-IO: manifests, the donors' vote on a state
+  (:func:`vote_on_state` -> :class:`StateVote`), the exclusions of donors
+  caught lying, the snapshot table of a donor, resumable partial downloads
+  and the chunk plan.
 * ``_service`` -- :class:`StateSyncService`: share, serve, fetch ->
   :class:`StateDownload`.
 """
@@ -20,4 +22,6 @@ from ._service import StateDownload as StateDownload
 from ._service import StateSyncService as StateSyncService
 from ._service import StateSyncStatistics as StateSyncStatistics
 from ._state import Manifest as Manifest
+from ._state import StateVote as StateVote
+from ._state import vote_on_state as vote_on_state
 from .config import StateSyncConfig as StateSyncConfig

@@ -11,11 +11,19 @@ payload) from peers at the newest epoch:
   refuses ``busy`` while ``max_concurrent_uploads`` chunk replies wait to be
   written.
 * **fetcher** -- :meth:`StateSyncService.fetch` asks every donor for its
-  manifest (in parallel, bounded), picks the newest epoch the most donors
-  agree on, and downloads the chunks from all donors offering it at once,
-  verifying each one; failed chunks are asked of another donor.  Verified
-  chunks of an unfinished download stay here, so a later fetch of the same
-  state resumes.
+  manifest (in parallel, bounded), takes the state the donors of one epoch
+  agree on (``vote_on_state``: at least ``min_agreeing_donors`` and a
+  majority of that epoch's; the newest such epoch up to ``max_epoch``), and
+  downloads the chunks from all donors offering it at once, verifying each
+  one; failed chunks are asked of another donor.  Verified chunks of an
+  unfinished download stay here, so a later fetch of the same state resumes.
+  Donors caught lying -- an epoch past ``max_epoch``, a state that lost the
+  vote, chunks or a payload that do not match their offer -- are flagged in
+  the node's :class:`~p2pdl.service.FlagBook` and not used again at that
+  epoch of the run (``Exclusions``).
+
+Every stream this service opens goes through ``context.call``, which
+introduces this node to the peer in the run by itself.
 
 The logic is in ``_state`` (sans-IO); this module moves its messages.
 """
@@ -60,15 +68,18 @@ from ._messages import (
 )
 from ._state import (
     ChunkPlan,
+    Exclusions,
     Failure,
     Manifest,
     PartialDownload,
     PartialStore,
     Snapshot,
     SnapshotTable,
+    StateVote,
     choose_manifest,
+    vote_on_state,
 )
-from .config import DIGEST_SIZE, MAX_EPOCH, StateSyncConfig
+from .config import DIGEST_SIZE, EXCLUDED_EPOCHS_PER_RUN, MAX_EPOCH, StateSyncConfig
 
 __all__ = ["StateSyncService", "StateSyncStatistics", "StateDownload", "STATESYNC_COUNTERS"]
 
@@ -107,6 +118,10 @@ class StateSyncStatistics(Statistics):
     gone_answers: int = 0
     resumed_chunks: int = 0
     donors_dropped: int = 0
+    votes_failed: int = 0
+    lone_donor_fetches: int = 0
+    donors_flagged: int = 0
+    offers_excluded: int = 0
 
 
 #: The counters of :meth:`StateSyncService.statistics`.
@@ -130,6 +145,11 @@ class StateDownload:
         chunks: chunks of the payload.
         resumed_chunks: chunks kept from an earlier, unfinished fetch.
         seconds: how long the fetch took.
+        confirmed: False when the state is the one donor's that there was
+            (no other donor offered anything to compare it with): it is
+            only as good as that donor.  True when ``min_agreeing_donors``
+            donors agreed on it, or when the caller named the ``digest``.
+        agreeing: the donors that offered this state when it was chosen.
     """
 
     epoch: int
@@ -139,6 +159,8 @@ class StateDownload:
     chunks: int
     resumed_chunks: int
     seconds: float
+    confirmed: bool = True
+    agreeing: int = 1
 
 
 class _Wakeup:
@@ -166,6 +188,10 @@ class StateSyncService:
         self._host = host
         self._call = call
         self._wire = wire
+        self._flags = context.flags
+        self._clock = context.clock
+        self._excluded: Exclusions[ID] = Exclusions(
+            self.config.max_runs * EXCLUDED_EPOCHS_PER_RUN, self.config.max_donors)
         # share/unshare/statistics may run on any thread; the rest on the trio thread.
         self._lock = threading.Lock()
         self._table = SnapshotTable(self.config.keep_snapshots, self.config.max_runs)
@@ -317,34 +343,56 @@ class StateSyncService:
         return {}
 
     async def fetch(self, run_id: str, donors: Sequence[PeerIDLike], *, min_epoch: int = 0,
-                    timeout: float | None = None, digest: bytes | None = None) -> StateDownload:
-        """Download the newest state of ``run_id`` at ``min_epoch`` or later from ``donors``.
+                    max_epoch: int | None = None, timeout: float | None = None,
+                    digest: bytes | None = None) -> StateDownload:
+        """Download the state of ``run_id`` that the donors agree on, at ``min_epoch``
+        to ``max_epoch``, from ``donors``.
 
         Every donor (the first ``max_donors``; this node is skipped) is asked
-        for its manifest; the newest epoch wins, and among manifests of that
-        epoch the one most donors offer.  Its chunks come from all donors
-        offering it at once, each verified by SHA-256, a failed one asked
-        again elsewhere; the whole payload is verified against the digest.
+        for its manifest (``epoch``, ``digest``...).  The donors vote
+        (protocols/statesync.md, Choice): at the newest epoch within
+        ``min_epoch..max_epoch`` (None: no upper limit) where at least
+        ``min_agreeing_donors`` donors offer one digest and they are more
+        than half of that epoch's donors, that digest wins.  A lone donor
+        wins only when no other donor offers anything (logged;
+        ``StateDownload.confirmed`` is False).  The chunks come from the
+        donors offering the winner, at once, each verified by SHA-256, a
+        failed one asked again elsewhere; the whole payload is verified
+        against the winning digest before it is returned.
+
+        The callers' evidence of the run's epoch belongs in ``max_epoch``
+        (the training layer passes the progress quorum's epoch + 1): donors
+        offering a newer epoch are flagged ``state_lost_vote`` in the node's
+        flag book.  Donors whose state lost the vote (once the winner has
+        verified) are flagged ``state_lost_vote``, donors whose chunks or
+        payload do not match what they offered ``state_digest_mismatch``;
+        all of them are not used again at that epoch of the run.
 
         Resumable: verified chunks of an unfinished download are kept (one
         per run), and a later fetch that picks the same state asks only for
         the rest (``resumed_chunks``).  On cancellation the chunks verified
         so far are kept too.
 
-        Raises :class:`StateSyncError` when no donor offers state of the run
-        at ``min_epoch`` or newer, or the chunks cannot all be obtained;
-        :class:`CallTimeoutError` after ``timeout`` seconds (default
-        ``fetch_timeout``); :class:`ConfigError` for bad arguments;
-        :class:`LocalProtocolError` if a fetch of the run is already running.
+        Raises :class:`StateSyncError` when no state wins the vote, or the
+        chunks cannot all be obtained; :class:`CallTimeoutError` after
+        ``timeout`` seconds (default ``fetch_timeout``); :class:`ConfigError`
+        for bad arguments; :class:`LocalProtocolError` if a fetch of the run
+        is already running.
 
         ``digest``: download only the state with this SHA-256 digest (as
-        :meth:`offers` reported it), whatever the others offer.
+        :meth:`offers` reported it), whatever the others offer: the caller
+        has voted (the training layer's consistency check does).
         """
         check_run_id(run_id)
         if isinstance(min_epoch, bool) or not isinstance(min_epoch, int) or \
                 not 0 <= min_epoch <= MAX_EPOCH:
             raise ConfigError(f"min_epoch must be an integer in 0..{MAX_EPOCH}, "
                               f"got {min_epoch!r}")
+        if max_epoch is not None and (isinstance(max_epoch, bool) or
+                                      not isinstance(max_epoch, int) or
+                                      not min_epoch <= max_epoch <= MAX_EPOCH):
+            raise ConfigError(f"max_epoch must be None or an integer in min_epoch.."
+                              f"{MAX_EPOCH}, got {max_epoch!r}")
         if digest is not None and (not isinstance(digest, bytes) or len(digest) != 32):
             raise ConfigError("digest must be None or 32 bytes (SHA-256)")
         timeout = self.config.fetch_timeout if timeout is None else timeout
@@ -362,7 +410,7 @@ class StateSyncService:
         self._count("fetches")
         try:
             with trio.move_on_after(timeout):
-                result = await self._fetch(run_id, peers, min_epoch, digest)
+                result = await self._fetch(run_id, peers, min_epoch, max_epoch, digest)
                 self._count("fetches_completed")
                 self._count("resumed_chunks", result.resumed_chunks)
                 return result
@@ -375,8 +423,34 @@ class StateSyncService:
         finally:
             self._fetching.discard(run_id)
 
+    def _flag(self, peer: ID, run_id: str, epoch: int, kind: str, detail: str) -> None:
+        """Flag ``peer`` and exclude it at ``epoch`` of the run (once per epoch)."""
+        if self._excluded.add(run_id, epoch, peer):
+            self._count("donors_flagged")
+            self._flags.flag(peer, run_id, kind, self._clock(), detail)
+
+    def _vote(self, run_id: str, manifests: dict[ID, Manifest], min_epoch: int,
+              max_epoch: int | None, digest: bytes | None) -> StateVote[ID]:
+        """The donors' vote on ``manifests`` (or the caller's ``digest``); flags the
+        donors ahead of ``max_epoch``."""
+        offers = {p: (m.epoch, m.digest) for p, m in manifests.items()}
+        if digest is not None:
+            chosen = {p: o for p, o in offers.items() if o[1] == digest and
+                      min_epoch <= o[0] <= (MAX_EPOCH if max_epoch is None else max_epoch)}
+            if not chosen:
+                return StateVote(None, None, reason="no donor offers the digest asked for")
+            epoch = max(e for e, _ in chosen.values())
+            return StateVote(epoch, digest, tuple(p for p, o in chosen.items() if o[0] == epoch))
+        vote = vote_on_state(offers, min_epoch=min_epoch, max_epoch=max_epoch,
+                             min_agreeing=self.config.min_agreeing_donors)
+        for peer in vote.ahead:
+            epoch = offers[peer][0]
+            self._flag(peer, run_id, epoch, "state_lost_vote",
+                       f"offered epoch {epoch}, past {max_epoch} (the quorum's + 1)")
+        return vote
+
     async def _fetch(self, run_id: str, peers: list[ID], min_epoch: int,
-                     digest: bytes | None = None) -> StateDownload:
+                     max_epoch: int | None, digest: bytes | None) -> StateDownload:
         started = trio.current_time()
         if not peers:
             raise StateSyncError(f"no donor to fetch the state of run {run_id!r} from")
@@ -387,13 +461,30 @@ class StateSyncService:
         failures: list[str] = []
         for _ in range(self.config.max_manifest_rounds):
             asked = [p for p in peers if p not in excluded]
-            offers, problems = await self._read_manifests(run_id, asked)
-            if digest is not None:
-                offers = {p: m for p, m in offers.items() if m.digest == digest}
-            choice = choose_manifest(offers, min_epoch)
-            if choice is None:
-                failures.append(_no_offer(run_id, min_epoch, offers, problems))
+            manifests, problems = await self._read_manifests(run_id, asked)
+            caught = [p for p, m in manifests.items()
+                      if self._excluded.excluded(run_id, m.epoch, p)]
+            for peer in caught:
+                problems[peer] = f"caught lying at epoch {manifests.pop(peer).epoch} before"
+            self._count("offers_excluded", len(caught))
+            vote = self._vote(run_id, manifests, min_epoch, max_epoch, digest)
+            if not vote.won:
+                self._count("votes_failed")
+                top = MAX_EPOCH if max_epoch is None else max_epoch
+                if any(min_epoch <= m.epoch <= top for m in manifests.values()):
+                    failures.append(vote.reason)
+                else:
+                    failures.append(_no_offer(run_id, min_epoch, manifests, problems)
+                                    + (f"; {len(vote.ahead)} donor(s) offer an epoch past "
+                                       f"{max_epoch}" if vote.ahead else ""))
                 break
+            assert vote.epoch is not None and vote.digest is not None
+            if vote.lone:
+                self._count("lone_donor_fetches")
+                logger.warning("run %s: only one donor (%s) offers state; taking its epoch %d "
+                               "unconfirmed", run_id, vote.holders[0], vote.epoch)
+            choice = choose_manifest({p: manifests[p] for p in vote.holders}, vote.epoch)
+            assert choice is not None and choice[0].digest == vote.digest
             manifest, donors = choice
             partial = self._partials.open(run_id, manifest)
             plan: ChunkPlan[ID] = ChunkPlan(
@@ -401,28 +492,41 @@ class StateSyncService:
                 store=lambda i, data, p=partial: self._partials.add(run_id, p, i, data))
             await self._download(run_id, plan)
             self._count("donors_dropped", len(plan.dropped))
+            for peer, index in plan.mismatched.items():
+                self._flag(peer, run_id, manifest.epoch, "state_digest_mismatch",
+                           f"chunk {index} of epoch {manifest.epoch} fails its SHA-256")
             if plan.done:
                 payload = await self._assemble(partial)
                 if payload is not None:
                     self._partials.discard(run_id, partial)
+                    for peer in vote.losers:
+                        self._flag(peer, run_id, vote.epoch, "state_lost_vote",
+                                   f"offered another state of epoch {vote.epoch} than "
+                                   f"{len(vote.holders)} agreeing donor(s)")
                     resumed = initial_chunks if manifest == initial_manifest else 0
                     return StateDownload(manifest.epoch, payload, manifest.digest,
                                          plan.contributors(), manifest.num_chunks, resumed,
-                                         trio.current_time() - started)
+                                         trio.current_time() - started,
+                                         confirmed=not vote.lone, agreeing=len(vote.holders))
                 # Every chunk matched the manifest but the whole does not match its
                 # digest: the manifest itself lies.  Its donors are not asked again.
                 self._partials.discard(run_id, partial)
                 self._count("bad_manifests", len(donors))
                 excluded.update(donors)
+                for peer in donors:
+                    self._flag(peer, run_id, manifest.epoch, "state_digest_mismatch",
+                               f"the chunks of its manifest of epoch {manifest.epoch} do not "
+                               f"make the payload of its digest")
                 failures.append(f"epoch {manifest.epoch}: the assembled payload does not "
                                 f"match the manifest's digest (offered by {len(donors)} "
                                 f"donor(s))")
                 continue
             excluded.update(plan.bad())
             failures.append(f"epoch {manifest.epoch}: {plan.failed}")
-            if not plan.gone():
+            if not plan.gone() and not plan.mismatched:
                 break
-            # Donors moved on (the snapshot is no longer kept): read manifests again.
+            # Donors moved on (the snapshot is no longer kept), or some were caught
+            # serving other bytes than they offered: read manifests and vote again.
         raise StateSyncError(f"the state of run {run_id!r} could not be downloaded: "
                              + "; then ".join(failures))
 

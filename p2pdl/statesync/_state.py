@@ -4,11 +4,16 @@ A **snapshot** is one payload (the training state, serialized by the caller)
 of one run at one epoch, cut into chunks of ``chunk_size`` bytes (the last
 may be shorter).  Its **manifest** names it: the epoch, the size, the chunk
 size, the SHA-256 of the whole payload (its ``digest``) and the SHA-256 of
-every chunk.  A fetcher takes the manifest most donors agree on, then checks
-every chunk against it and the whole payload against the digest.
+every chunk.  A fetcher takes the state that the donors at one epoch agree
+on (:func:`vote_on_state`), then checks every chunk against its manifest and
+the whole payload against the digest.
 
 * :class:`Manifest` -- building and checking manifests, chunk bounds.
+* :func:`vote_on_state` -- the donors' vote: which ``(epoch, digest)`` to
+  accept, who holds it, who lost, who claims an epoch past the limit.
 * :func:`choose_manifest` -- which offered manifest to download, from whom.
+* :class:`Exclusions` -- donors not to use again in a run at an epoch
+  (caught lying), bounded.
 * :class:`SnapshotTable` -- a donor's snapshots (the newest ``keep`` per run).
 * :class:`PartialStore` -- verified chunks of unfinished downloads, for resuming.
 * :class:`ChunkPlan` -- one download: which chunk to ask of which donor next,
@@ -39,7 +44,8 @@ from .config import (
     StateSyncConfig,
 )
 
-__all__ = ["Manifest", "chunk_count", "choose_manifest", "Snapshot",
+__all__ = ["Manifest", "chunk_count", "choose_manifest", "StateVote", "vote_on_state",
+           "Exclusions", "Snapshot",
            "SnapshotTable", "PartialDownload", "PartialStore", "Failure", "ChunkPlan",
            "MAX_BUSY_BACKOFF"]
 
@@ -136,6 +142,123 @@ def choose_manifest(offers: Mapping[D, Manifest], min_epoch: int = 0
     best = min(by_manifest, key=lambda m: (-m.epoch, -len(by_manifest[m]), m.digest,
                                            m.chunk_size, m.chunk_digests))
     return best, tuple(by_manifest[best])
+
+
+@dataclasses.dataclass(frozen=True)
+class StateVote(Generic[D]):
+    """What :func:`vote_on_state` decided.
+
+    Attributes:
+        epoch: the winning epoch (None: no state won).
+        digest: the winning digest (None: no state won).
+        holders: the donors that offer the winner, in the offers' order.
+        losers: the donors at the winning epoch that offer another digest.
+        ahead: the donors that offer an epoch past ``max_epoch``: their claim
+            is beyond what the caller's evidence allows.
+        lone: the winner is the state of the only donor there is: nobody
+            confirmed it.
+        reason: why no state won (empty when one did).
+    """
+
+    epoch: int | None
+    digest: bytes | None
+    holders: tuple[D, ...] = ()
+    losers: tuple[D, ...] = ()
+    ahead: tuple[D, ...] = ()
+    lone: bool = False
+    reason: str = ""
+
+    @property
+    def won(self) -> bool:
+        return self.digest is not None
+
+
+def vote_on_state(offers: Mapping[D, tuple[int, bytes]], *, min_epoch: int = 0,
+                  max_epoch: int | None = None, min_agreeing: int = 2) -> StateVote[D]:
+    """The state to accept from donors' ``offers`` (``{donor: (epoch, digest)}``).
+
+    Offers past ``max_epoch`` (None: no limit) do not count and are listed in
+    ``ahead``.  Of the others, the epochs within ``min_epoch..max_epoch`` are
+    tried newest first; an epoch's winner is the digest that at least
+    ``min_agreeing`` donors at that epoch offer and that more than half of
+    the donors at that epoch offer (a tie elects nobody).  The first epoch
+    with a winner wins.
+
+    A lone donor: when exactly one donor offers anything (at any epoch, the
+    ``ahead`` ones not counted) and its epoch is within the range, its state
+    wins with ``lone`` set, whatever ``min_agreeing`` says.
+    """
+    ahead = tuple(d for d, (epoch, _) in offers.items()
+                  if max_epoch is not None and epoch > max_epoch)
+    counted = {d: offer for d, offer in offers.items() if d not in ahead}
+    top = math.inf if max_epoch is None else max_epoch
+    if len(counted) == 1:
+        ((donor, (epoch, digest)),) = counted.items()
+        if min_epoch <= epoch <= top:
+            return StateVote(epoch, digest, (donor,), (), ahead, lone=True)
+    by_epoch: dict[int, list[D]] = collections.defaultdict(list)
+    for donor, (epoch, _) in counted.items():
+        if min_epoch <= epoch <= top:
+            by_epoch[epoch].append(donor)
+    results: list[str] = []
+    for epoch in sorted(by_epoch, reverse=True):
+        donors = by_epoch[epoch]
+        counts = collections.Counter(counted[d][1] for d in donors)
+        digest, votes = min(counts.items(), key=lambda item: (-item[1], item[0]))
+        if votes >= min_agreeing and 2 * votes > len(donors):
+            holders = tuple(d for d in donors if counted[d][1] == digest)
+            losers = tuple(d for d in donors if counted[d][1] != digest)
+            return StateVote(epoch, digest, holders, losers, ahead)
+        results.append(f"epoch {epoch}: {len(donors)} donor(s), {len(counts)} digest(s), "
+                       f"at most {votes} agreeing")
+    if not results:
+        limit = f"{min_epoch}..{max_epoch}" if max_epoch is not None else f"{min_epoch} or newer"
+        reason = f"no donor offers an epoch in {limit}"
+    else:
+        reason = (f"no state has at least {min_agreeing} agreeing donors and a majority of "
+                  f"its epoch's (" + "; ".join(results[:4]) + ")")
+    if ahead:
+        reason += f"; {len(ahead)} donor(s) offer an epoch past {max_epoch}"
+    return StateVote(None, None, (), (), ahead, reason=reason)
+
+
+class Exclusions(Generic[D]):
+    """Donors caught lying in a run at an epoch, not to be used for it again.
+
+    A donor excluded at ``(run_id, epoch)`` is ignored whenever it offers that
+    epoch of that run.  Bounded: at most ``max_epochs`` (run, epoch) pairs,
+    the least recently added dropped first, and ``max_donors`` donors each
+    (the oldest dropped first).
+    """
+
+    def __init__(self, max_epochs: int, max_donors: int) -> None:
+        self._max_epochs = max_epochs
+        self._max_donors = max_donors
+        self._sets: collections.OrderedDict[tuple[str, int], dict[D, None]] = \
+            collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._sets.values())
+
+    def add(self, run_id: str, epoch: int, donor: D) -> bool:
+        """Exclude ``donor``; True if it was not excluded there yet."""
+        key = (run_id, epoch)
+        donors = self._sets.setdefault(key, {})
+        self._sets.move_to_end(key)
+        new = donor not in donors
+        donors[donor] = None
+        while len(donors) > self._max_donors:
+            del donors[next(iter(donors))]
+        while len(self._sets) > self._max_epochs:
+            self._sets.popitem(last=False)
+        return new
+
+    def excluded(self, run_id: str, epoch: int, donor: D) -> bool:
+        return donor in self._sets.get((run_id, epoch), ())
+
+    def of(self, run_id: str, epoch: int) -> list[D]:
+        """The donors excluded at ``(run_id, epoch)``, oldest first."""
+        return list(self._sets.get((run_id, epoch), ()))
 
 
 # -- the donor's side ------------------------------------------------------------
@@ -343,6 +466,8 @@ class ChunkPlan(Generic[D]):
         self._assigned: dict[D, int] = dict.fromkeys(self.donors, 0)
         self.delivered: dict[D, int] = dict.fromkeys(self.donors, 0)
         self.dropped: dict[D, str] = {}
+        #: Donors that sent a chunk failing its SHA-256 -> the first such chunk.
+        self.mismatched: dict[D, int] = {}
         self._failures_in_row: dict[D, int] = dict.fromkeys(self.donors, 0)
         self._busy_in_row: dict[D, int] = dict.fromkeys(self.donors, 0)
         self._resting_until: dict[D, float] = {}
@@ -440,6 +565,7 @@ class ChunkPlan(Generic[D]):
         self._release(index, donor)
         if not self.manifest.verify_chunk(index, data):
             self._requeue(index)
+            self.mismatched.setdefault(donor, index)
             self._fail(index, donor, Failure.BAD, 0.0, "a chunk that fails its SHA-256")
             return False
         self._failures_in_row[donor] = 0

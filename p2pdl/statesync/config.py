@@ -22,6 +22,9 @@ MAX_CHUNK_SIZE = 768 * KiB     # bytes of one chunk, at most: a chunk reply fits
 MAX_CHUNKS = 16384             # chunks of one snapshot: the manifest's digests fit in 512 KiB
 MAX_CODE_LENGTH = 32           # characters of a refusal code
 MAX_DETAIL_LENGTH = 200        # characters of a refusal's explanation
+#: Epochs per run a fetcher remembers the donors it caught lying at (its
+#: exclusions: ``max_runs`` x this many (run, epoch) pairs, ``max_donors`` each).
+EXCLUDED_EPOCHS_PER_RUN = 4
 
 #: Bytes a manifest or chunk reply may take besides its digests or chunk
 #: (the envelope, the field names, the run id): the wire's message limit must
@@ -72,6 +75,11 @@ class StateSyncConfig:
             MAX_BUSY_BACKOFF.  Default 0.1 s.
         max_busy_refusals: ``busy`` refusals in a row after which a donor is
             dropped from the download.  Default 30.
+        min_agreeing_donors: donors at one epoch that must offer the same
+            state (digest), and be more than half of that epoch's donors,
+            before a fetch accepts it.  A lone donor is accepted only when no
+            other donor offers anything (``StateDownload.confirmed`` is then
+            False).  Default 2.
     """
 
     chunk_size: int = 512 * KiB
@@ -90,6 +98,7 @@ class StateSyncConfig:
     max_concurrent_uploads: int = 16
     busy_backoff: float = 0.1
     max_busy_refusals: int = 30
+    min_agreeing_donors: int = 2
 
     def __post_init__(self) -> None:
         def check(ok: bool, what: str) -> None:
@@ -114,6 +123,8 @@ class StateSyncConfig:
               "request_timeout must not exceed fetch_timeout")
         check(self.max_chunks_per_donor <= self.max_parallel_chunks,
               "max_chunks_per_donor must not exceed max_parallel_chunks")
+        check(self.min_agreeing_donors <= self.max_donors,
+              "min_agreeing_donors must not exceed max_donors")
 
     @property
     def max_chunks(self) -> int:

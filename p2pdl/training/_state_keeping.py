@@ -9,8 +9,9 @@ deterministically, so peers with equal states have equal SHA-256 digests.
 the state in or out of this peer:
 
 * offer it to joiners after each global step (``node.state_sync.share``);
-* download the newest one when this peer is behind (catch-up), or adopt the
-  epoch when that keeps failing;
+* download the one the donors agree on when this peer is behind (catch-up),
+  up to the progress quorum's epoch + 1, or adopt the epoch when that keeps
+  failing;
 * after a failed or partial round, compare digests with the peers at the
   same epoch (``node.state_sync.offers``) and download the agreed one if
   this peer's differs (the consistency check);
@@ -23,7 +24,6 @@ accumulation and tells the progress tracker when a new state came in.
 
 from __future__ import annotations
 
-import collections
 import enum
 import hashlib
 import io
@@ -36,6 +36,7 @@ import torch
 from libp2p.peer.id import ID
 
 from ..errors import CallTimeoutError, CheckpointError, ConfigError, StateSyncError
+from ..statesync import vote_on_state
 from ._checkpoint import CheckpointPolicy, latest_checkpoint, load_checkpoint, save_checkpoint
 from ._node_api import TrainingNode, TrainingTracker
 from ._strategies import Strategy, check_like
@@ -54,6 +55,8 @@ MAX_SYNC_FAILURES = 3
 CHECK_RETRY = 0.2
 #: Consistency checks after which a peer stops looking for the others' state of its epoch.
 MAX_CHECKS = 50
+#: This peer's own vote in the consistency check.
+_THIS_PEER = object()
 
 
 class CatchUp(enum.Enum):
@@ -72,7 +75,9 @@ class StateKeeper:
 
     ``epoch`` is the number of global steps the state has taken; ``suspect``
     says that the last round may have left this peer's state apart from the
-    others' (a consistency check is due).  Called from the training thread.
+    others' (a consistency check is due); ``unconfirmed``, that the state
+    came from a lone donor (the check is due after the next round).  Called
+    from the training thread.
     """
 
     def __init__(self, node: TrainingNode, run_id: str, config: OptimizerConfig, *,
@@ -87,6 +92,7 @@ class StateKeeper:
         self.strategy = strategy
         self.epoch = 0
         self.suspect = False
+        self.unconfirmed = False
         self.policy = (CheckpointPolicy(config.checkpoint_dir, config.checkpoint_every,
                                         config.checkpoint_keep)
                        if config.checkpoint_dir is not None else None)
@@ -97,10 +103,12 @@ class StateKeeper:
         self._shared_digest: tuple[int, bytes] | None = None
         self._last_checkpoint: int | None = None
         self._counters = {"state_syncs": 0, "state_sync_failures": 0, "checkpoints": 0,
-                          "shared": 0, "consistency_checks": 0, "repairs": 0}
+                          "shared": 0, "consistency_checks": 0, "repairs": 0,
+                          "unconfirmed_syncs": 0}
 
     def statistics(self) -> dict[str, int]:
-        """State syncs (and failures), checkpoints, shares, consistency checks, repairs."""
+        """State syncs (and failures, and those from a lone donor), checkpoints, shares,
+        consistency checks, repairs."""
         return dict(self._counters)
 
     # -- the full state -----------------------------------------------------------------
@@ -159,8 +167,10 @@ class StateKeeper:
     def share(self, force: bool = False) -> None:
         """Offer the current state to joiners, every ``share_state_every`` epochs
         (``force``: now).  Servers only: clients cannot be dialled; auxiliary
-        peers have no state of their own."""
-        if self.config.auxiliary or self.node.client_mode:
+        peers have no state of their own.  Not a state from a lone donor
+        before the next round: offering it would make this peer a second
+        voice for a state nobody confirmed."""
+        if self.config.auxiliary or self.node.client_mode or self.unconfirmed:
             return
         if not force and self.epoch % self.config.share_state_every:
             return
@@ -174,7 +184,11 @@ class StateKeeper:
         self.node.state_sync.unshare(self.run_id)
 
     def after_step(self) -> None:
-        """A global step was taken: share the new state, checkpoint it when due."""
+        """A global step was taken: share the new state, checkpoint it when due; a state
+        from a lone donor is checked against the others' now."""
+        if self.unconfirmed:
+            self.unconfirmed = False
+            self.mark_suspect()
         self.share()
         if self.policy is not None and self.policy.due(self.epoch, self._last_checkpoint):
             self.save_checkpoint()
@@ -183,18 +197,32 @@ class StateKeeper:
 
     def download(self, tracker: TrainingTracker, min_epoch: int,
                  timeout: float | None = None) -> bool:
-        """Download and load the newest state at ``min_epoch`` or later from the serving
-        peers in the tracker's view; True if loaded.  Failures are logged."""
+        """Download and load the state the serving peers of the tracker's view agree
+        on, at ``min_epoch`` or later; True if loaded.  Failures are logged.
+
+        The newest epoch asked for is the progress quorum's epoch + 1 (the
+        view's epoch where the tracker has no quorum), or ``min_epoch`` if
+        that is later: a donor that claims a newer one does not count and is
+        flagged by state sync.  Of the epochs allowed, state sync takes the
+        newest where enough donors agree on one state (``fetch``).  A state
+        only one donor vouched for (it was the only one) is loaded but
+        unconfirmed: the consistency check runs after the next round.
+        """
         donors = [r.peer_id for r in tracker.peers()
                   if r.epoch >= min_epoch and not r.client_mode and not r.auxiliary]
         if not donors:
             logger.info("run %s: no peer can send the state of epoch %d yet", self.run_id,
                         min_epoch)
             return False
+        progress = tracker.global_progress()
+        quorum = getattr(progress, "quorum_epoch", progress.epoch)
+        max_epoch = max(min_epoch, quorum + 1)
         try:
             download = self.node.state_sync.fetch(
                 self.run_id, [ID(d) for d in donors], min_epoch=min_epoch,
-                timeout=timeout or self.config.sync_timeout)
+                max_epoch=max_epoch, timeout=timeout or self.config.sync_timeout)
+            if hashlib.sha256(download.payload).digest() != download.digest:
+                raise StateSyncError("the downloaded state does not match its digest")
             state = torch.load(io.BytesIO(download.payload), map_location="cpu",
                                weights_only=True)
             self.load(state)
@@ -208,9 +236,14 @@ class StateKeeper:
             return False
         self._counters["state_syncs"] += 1
         self.suspect = False
+        self.unconfirmed = not getattr(download, "confirmed", True)
+        if self.unconfirmed:
+            self._counters["unconfirmed_syncs"] += 1
         logger.info("run %s: synced state of epoch %d from %d donor(s) in %.1f s "
-                    "(%.1f MB)", self.run_id, download.epoch, len(download.donors),
-                    download.seconds, len(download.payload) / 1e6)
+                    "(%.1f MB)%s", self.run_id, download.epoch, len(download.donors),
+                    download.seconds, len(download.payload) / 1e6,
+                    "; unconfirmed (one donor): checked after the next round"
+                    if self.unconfirmed else "")
         return True
 
     def catch_up(self, tracker: TrainingTracker, swarm_epoch: int) -> CatchUp:
@@ -249,11 +282,14 @@ class StateKeeper:
         """Is this peer's state the swarm's?  True if it was replaced by the agreed one.
 
         Every peer at this epoch that serves state says its state's digest
-        (``node.state_sync.offers``).  The digest most of them and this peer
-        hold wins, ties to the smallest (so that every checking peer picks
-        the same); a peer that holds another downloads the winner.  While no
-        peer offers this epoch, it asks again after :data:`CHECK_RETRY` s, and
-        gives up after :data:`MAX_CHECKS` tries.
+        (``node.state_sync.offers``).  They and this peer vote
+        (``p2pdl.statesync.vote_on_state``): the digest that at least two
+        hold, and more than half, wins; with none, this peer keeps its own
+        (a liar cannot win a split by grinding a small digest).  With only
+        one other peer, one against one, the smaller digest wins, so that
+        both pick the same.  A peer that holds another state downloads the
+        winner.  While no peer offers this epoch, it asks again after
+        :data:`CHECK_RETRY` s, and gives up after :data:`MAX_CHECKS` tries.
         """
         self._checks += 1
         self._next_check = time.monotonic() + CHECK_RETRY
@@ -274,19 +310,34 @@ class StateKeeper:
         self._counters["consistency_checks"] += 1
         self.suspect, self._checks = False, 0
         mine = self.digest()
-        counts = collections.Counter(same.values())
-        counts[mine] += 1
-        winner = min(counts, key=lambda d: (-counts[d], d))
+        if len(same) == 1:
+            # One other peer: one against one, the smallest digest wins, so that
+            # both pick the same (neither can outvote a liar here).
+            ((peer, theirs),) = same.items()
+            winner = min(mine, theirs)
+            holders = [peer] if winner != mine else []
+            agreed = 2 if theirs == mine else 1
+        else:
+            vote = vote_on_state({**{p: (self.epoch, d) for p, d in same.items()},
+                                  _THIS_PEER: (self.epoch, mine)},
+                                 min_epoch=self.epoch, max_epoch=self.epoch)
+            if not vote.won:
+                logger.warning("run %s epoch %d: consistency check: the %d peers at this "
+                               "epoch agree on no state (%s); this peer keeps its own",
+                               self.run_id, self.epoch, len(same) + 1, vote.reason)
+                return False
+            winner = cast(bytes, vote.digest)
+            holders = [p for p in vote.holders if p is not _THIS_PEER]
+            agreed = len(vote.holders)
         logger.info("run %s epoch %d: consistency check: this peer's state is %s of %d "
                     "peers'", self.run_id, self.epoch,
                     "the agreed one" if winner == mine else "not the agreed one",
-                    sum(counts.values()))
+                    len(same) + 1)
         if winner == mine:
             return False
-        holders = [peer for peer, digest in same.items() if digest == winner]
         logger.warning("run %s epoch %d: this peer's state differs from %d of %d peers' "
                        "after a failed or partial round; downloading theirs", self.run_id,
-                       self.epoch, counts[winner], sum(counts.values()))
+                       self.epoch, agreed, len(same) + 1)
         try:
             download = self.node.state_sync.fetch(self.run_id, holders, min_epoch=self.epoch,
                                                   digest=winner,

@@ -156,10 +156,119 @@ async def test_a_manifest_that_lies_about_the_digest_loses_its_donors(monkeypatc
                 kept[0].manifest, digest=bytes(32)))
         download = await fetcher.state_sync.fetch(RUN, [d.peer_id for d in donors], timeout=20)
         assert download.payload == PAYLOAD and download.donors == (donors[2].peer_id,)
+        # The liars caught, the honest donor is the only one left: unconfirmed.
+        assert not download.confirmed and download.agreeing == 1
         stats = fetcher.state_sync.statistics()
         assert stats["bad_manifests"] == 2 and stats["manifest_requests"] == 4
-        with pytest.raises(StateSyncError, match="does not match the manifest's digest"):
+        for liar in donors[:2]:
+            assert fetcher.flags.count(liar.peer_id, "state_digest_mismatch") == 1
+        assert fetcher.flags.count(donors[2].peer_id) == 0
+        # Not used again at this epoch: they are not even asked for chunks.
+        with pytest.raises(StateSyncError, match="caught lying at epoch 2"):
             await fetcher.state_sync.fetch(RUN, [d.peer_id for d in donors[:2]], timeout=20)
+        assert fetcher.state_sync.statistics()["bad_manifests"] == 2
+
+
+def served(node: p2pdl.TrioNode) -> tuple[int, int]:
+    stats = node.state_sync.statistics()
+    return stats["manifests_served"], stats["chunks_served"]
+
+
+@pytest.mark.parametrize("liar_epoch", [10**6, 4])   # far past the quorum; the same epoch
+async def test_a_lying_donor_among_two_honest_ones_is_outvoted_flagged_and_not_used_again(
+        liar_epoch):
+    poison = os.urandom(len(PAYLOAD))   # as big as the honest state: only the vote tells
+    async with open_swarm(3, SMALL) as (fetcher, donors, _):
+        liar, honest = donors[0], donors[1:]
+        liar.state_sync.share(RUN, liar_epoch, poison)
+        for donor in honest:
+            donor.state_sync.share(RUN, 4, PAYLOAD)
+        ids = [d.peer_id for d in donors]
+        download = await fetcher.state_sync.fetch(RUN, ids, min_epoch=4, max_epoch=5,
+                                                  timeout=20)
+        assert download.payload == PAYLOAD and download.epoch == 4
+        assert download.confirmed and download.agreeing == 2
+        assert set(download.donors) == {d.peer_id for d in honest}
+        assert served(liar)[1] == 0   # no chunk of the poison was asked for
+        assert fetcher.flags.count(liar.peer_id, "state_lost_vote") == 1
+        assert [fetcher.flags.count(d.peer_id) for d in honest] == [0, 0]
+        stats = fetcher.state_sync.statistics()
+        assert stats["donors_flagged"] == 1 and stats["offers_excluded"] == 0
+        # Again at this epoch: the liar's offer is not counted, and it is not flagged twice.
+        again = await fetcher.state_sync.fetch(RUN, ids, min_epoch=4, max_epoch=5, timeout=20)
+        assert again.payload == PAYLOAD and served(liar)[1] == 0
+        assert fetcher.state_sync.statistics()["offers_excluded"] == 1
+        assert fetcher.flags.count(liar.peer_id) == 1
+        # Without the liar's vote the honest pair still needs each other: one of
+        # them alone is not taken while the other offers another state.
+        honest[1].state_sync.share(RUN, 5, os.urandom(100 * KiB))
+        with pytest.raises(StateSyncError, match="agreeing"):
+            await fetcher.state_sync.fetch(RUN, ids, min_epoch=4, max_epoch=5, timeout=20)
+
+
+async def test_colluding_liars_past_the_quorum_are_ignored_but_win_without_a_limit():
+    poison = os.urandom(200 * KiB)
+    async with open_swarm(4, SMALL) as (fetcher, donors, _):
+        for liar in donors[:2]:
+            liar.state_sync.share(RUN, 900, poison)
+        for donor in donors[2:]:
+            donor.state_sync.share(RUN, 7, PAYLOAD)
+        ids = [d.peer_id for d in donors]
+        # A fetch that is told nothing of the run's epoch takes the newest agreement.
+        unlimited = await fetcher.state_sync.fetch(RUN, ids, timeout=20)
+        assert unlimited.payload == poison and unlimited.epoch == 900
+        assert fetcher.flags.flagged() == {}
+        download = await fetcher.state_sync.fetch(RUN, ids, min_epoch=7, max_epoch=8,
+                                                  timeout=20)
+        assert download.payload == PAYLOAD
+        assert [fetcher.flags.count(d.peer_id, "state_lost_vote") for d in donors] == \
+            [1, 1, 0, 0]
+        # Caught at epoch 900: not used for it again, even by a fetch without a limit.
+        with pytest.raises(StateSyncError, match="caught lying at epoch 900"):
+            await fetcher.state_sync.fetch(RUN, ids[:2], timeout=20)
+
+
+async def test_a_donor_whose_chunks_do_not_match_its_offer_is_flagged_and_not_used_again():
+    async with open_swarm(3, SMALL) as (fetcher, donors, _):
+        for donor in donors:
+            donor.state_sync.share(RUN, 2, PAYLOAD)
+        corrupt(donors[1], RUN)   # offers PAYLOAD's digest, serves other bytes
+        ids = [d.peer_id for d in donors]
+        download = await fetcher.state_sync.fetch(RUN, ids, timeout=20)
+        assert download.payload == PAYLOAD and donors[1].peer_id not in download.donors
+        assert fetcher.flags.count(donors[1].peer_id, "state_digest_mismatch") == 1
+        assert fetcher.flags.count(donors[0].peer_id) == fetcher.flags.count(
+            donors[2].peer_id) == 0
+        chunks = served(donors[1])[1]
+        again = await fetcher.state_sync.fetch(RUN, ids, timeout=20)
+        assert again.payload == PAYLOAD and served(donors[1])[1] == chunks
+        assert again.confirmed and again.agreeing == 2
+        # At another epoch it is asked again (and caught again).
+        for donor in donors:
+            donor.state_sync.share(RUN, 3, PAYLOAD[::-1])
+        corrupt(donors[1], RUN)
+        third = await fetcher.state_sync.fetch(RUN, ids, min_epoch=3, timeout=20)
+        assert third.payload == PAYLOAD[::-1]
+        assert fetcher.flags.count(donors[1].peer_id, "state_digest_mismatch") == 2
+
+
+async def test_a_lone_donor_is_taken_unconfirmed_and_logged(caplog):
+    async with open_swarm(2) as (fetcher, donors, _):
+        donors[0].state_sync.share(RUN, 3, PAYLOAD)
+        ids = [d.peer_id for d in donors]   # the other donor offers nothing of the run
+        with caplog.at_level("WARNING", logger="p2pdl.statesync._service"):
+            download = await fetcher.state_sync.fetch(RUN, ids, min_epoch=3, timeout=20)
+        assert download.payload == PAYLOAD and not download.confirmed
+        assert download.agreeing == 1
+        assert any("only one donor" in r.getMessage() and "unconfirmed" in r.getMessage()
+                   for r in caplog.records if r.levelname == "WARNING")
+        assert fetcher.state_sync.statistics()["lone_donor_fetches"] == 1
+        # Two donors that disagree: nobody wins, nobody is flagged.
+        donors[1].state_sync.share(RUN, 3, PAYLOAD[::-1])
+        with pytest.raises(StateSyncError, match="at least 2 agreeing donors"):
+            await fetcher.state_sync.fetch(RUN, ids, min_epoch=3, timeout=20)
+        assert fetcher.flags.flagged() == {}
+        assert fetcher.state_sync.statistics()["votes_failed"] == 1
 
 
 async def test_a_donor_dying_mid_download_is_replaced():
@@ -278,6 +387,8 @@ async def test_bad_arguments():
             service.share("third", 0, b"z")
         assert service.shared_epoch(RUN) == 5 and service.shared_epoch("none") is None
         for kwargs, match in [({"min_epoch": -1}, "min_epoch"), ({"timeout": 0}, "timeout"),
+                              ({"min_epoch": 3, "max_epoch": 2}, "max_epoch"),
+                              ({"max_epoch": True}, "max_epoch"),
                               ({"timeout": "1"}, "timeout")]:
             with pytest.raises(ConfigError, match=match):
                 await service.fetch(RUN, [node.peer_id], **kwargs)

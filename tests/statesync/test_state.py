@@ -23,6 +23,7 @@ from p2pdl.statesync._messages import (
 from p2pdl.statesync._state import (
     MAX_BUSY_BACKOFF,
     ChunkPlan,
+    Exclusions,
     Failure,
     Manifest,
     PartialStore,
@@ -30,6 +31,7 @@ from p2pdl.statesync._state import (
     SnapshotTable,
     choose_manifest,
     chunk_count,
+    vote_on_state,
 )
 from p2pdl.statesync.config import (
     DIGEST_SIZE,
@@ -97,6 +99,8 @@ def test_config_defaults_fit_the_wire():
     ({"busy_backoff": float("nan")}, "busy_backoff"),
     ({"request_timeout": 400.0}, "request_timeout"),
     ({"max_chunks_per_donor": 9}, "max_chunks_per_donor"),
+    ({"min_agreeing_donors": 0}, "min_agreeing_donors"),
+    ({"min_agreeing_donors": 65}, "min_agreeing_donors"),
 ])
 def test_config_rejects_bad_values(fields, match):
     with pytest.raises(ConfigError, match=match):
@@ -231,6 +235,90 @@ def test_choose_the_newest_epoch_then_the_majority():
     tie = choose_manifest({"p1": a5, "p2": b5})
     assert tie == choose_manifest({"p2": b5, "p1": a5})
     assert tie[0].digest == min(a5.digest, b5.digest)
+
+
+# -- the donors' vote ---------------------------------------------------------------
+
+H, L, M = b"\x11" * 32, b"\x22" * 32, b"\x33" * 32   # honest, liar, another digest
+
+
+@pytest.mark.parametrize("offers, limits, won, holders, losers, ahead, lone", [
+    # two honest donors outvote a liar at their epoch
+    ({"a": (5, H), "b": (5, H), "liar": (5, L)}, {}, (5, H), ("a", "b"), ("liar",), (), False),
+    # a liar far past the quorum's epoch + 1 does not count, and is listed
+    ({"a": (5, H), "liar": (10**6, L), "b": (5, H)}, {"max_epoch": 6}, (5, H), ("a", "b"),
+     (), ("liar",), False),
+    # without an upper limit, a lone claim of a newer epoch is outvoted all the same
+    ({"a": (5, H), "b": (5, H), "liar": (10**6, L)}, {}, (5, H), ("a", "b"), (), (), False),
+    # ...but two colluding liars win there: what max_epoch is for
+    ({"a": (5, H), "b": (5, H), "x": (9, L), "y": (9, L)}, {}, (9, L), ("x", "y"), (), (),
+     False),
+    ({"a": (5, H), "b": (5, H), "x": (9, L), "y": (9, L)}, {"max_epoch": 6}, (5, H),
+     ("a", "b"), (), ("x", "y"), False),
+    # the newest epoch with agreement wins: quorum + 1 when two are there
+    ({"a": (5, H), "b": (5, H), "c": (6, M), "d": (6, M)}, {"max_epoch": 6}, (6, M),
+     ("c", "d"), (), (), False),
+    # one peer a step ahead alone is no winner there; the quorum's epoch is
+    ({"a": (5, H), "b": (5, H), "c": (6, M)}, {"max_epoch": 6}, (5, H), ("a", "b"), (), (),
+     False),
+    # a tie elects nobody; neither does a plurality without a majority
+    ({"a": (5, H), "b": (5, H), "x": (5, L), "y": (5, L)}, {}, None, (), (), (), False),
+    ({"a": (5, H), "b": (5, H), "x": (5, L), "y": (5, M), "z": (5, b"\x44" * 32)}, {}, None,
+     (), (), (), False),
+    # one donor alone is not enough while others exist, even at other epochs
+    ({"a": (5, H), "b": (4, M)}, {"min_epoch": 5}, None, (), (), (), False),
+    ({"a": (5, H), "b": (5, L)}, {}, None, (), (), (), False),
+    # the only donor there is: its state, marked lone
+    ({"a": (5, H)}, {"min_epoch": 5}, (5, H), ("a",), (), (), True),
+    ({"a": (5, H), "liar": (99, L)}, {"max_epoch": 6}, (5, H), ("a",), (), ("liar",), True),
+    ({"a": (4, H)}, {"min_epoch": 5}, None, (), (), (), False),
+    ({"liar": (99, L)}, {"max_epoch": 6}, None, (), (), ("liar",), False),
+    ({}, {}, None, (), (), (), False),
+    # min_agreeing 3: two are not enough; 1: the majority is
+    ({"a": (5, H), "b": (5, H), "c": (5, L)}, {"min_agreeing": 3}, None, (), (), (), False),
+    ({"a": (5, H), "b": (5, L), "c": (5, L)}, {"min_agreeing": 1}, (5, L), ("b", "c"), ("a",),
+     (), False),
+])
+def test_the_donors_vote(offers, limits, won, holders, losers, ahead, lone):
+    vote = vote_on_state(offers, **limits)
+    assert (vote.epoch, vote.digest) == (won or (None, None))
+    assert vote.won == (won is not None) and bool(vote.reason) == (won is None)
+    assert (vote.holders, vote.losers, vote.ahead, vote.lone) == (holders, losers, ahead, lone)
+
+
+@given(st.dictionaries(st.sampled_from("abcdefg"), st.tuples(st.integers(0, 3),
+                                                            st.sampled_from([H, L, M]))),
+       st.integers(0, 3), st.integers(1, 3))
+@settings(max_examples=200, deadline=None)
+def test_a_winner_always_has_the_agreement_it_needs_property(offers, max_epoch, need):
+    vote = vote_on_state(offers, max_epoch=max_epoch, min_agreeing=need)
+    # The order of the offers changes nothing.
+    again = vote_on_state(dict(reversed(list(offers.items()))), max_epoch=max_epoch,
+                          min_agreeing=need)
+    assert (again.epoch, again.digest, set(again.holders)) == \
+        (vote.epoch, vote.digest, set(vote.holders))
+    if not vote.won:
+        return
+    at_epoch = [d for d, (e, _) in offers.items() if e == vote.epoch]
+    assert vote.epoch <= max_epoch and set(vote.holders) | set(vote.losers) == set(at_epoch)
+    assert all(offers[d] == (vote.epoch, vote.digest) for d in vote.holders)
+    if vote.lone:
+        assert [d for d in offers if d not in vote.ahead] == list(vote.holders)
+    else:
+        assert len(vote.holders) >= need and 2 * len(vote.holders) > len(at_epoch)
+
+
+def test_exclusions_are_per_run_and_epoch_and_bounded():
+    book: Exclusions[str] = Exclusions(max_epochs=2, max_donors=2)
+    assert book.add("r", 5, "liar") and not book.add("r", 5, "liar")
+    assert book.excluded("r", 5, "liar")
+    assert not book.excluded("r", 6, "liar") and not book.excluded("other", 5, "liar")
+    book.add("r", 5, "x")
+    book.add("r", 5, "y")   # two donors per epoch: the oldest goes
+    assert book.of("r", 5) == ["x", "y"] and len(book) == 2
+    book.add("r", 6, "z")
+    book.add("r", 7, "z")   # two (run, epoch) pairs: the oldest goes
+    assert book.of("r", 5) == [] and book.of("r", 7) == ["z"] and len(book) == 2
 
 
 # -- the donor's table --------------------------------------------------------------

@@ -110,6 +110,8 @@ class FakeStateSync:
     #: what successive ``fetch`` calls download (an exception is raised)
     payloads: list[Any] = dataclasses.field(default_factory=list)
     shared: list[tuple[str, int, bytes]] = dataclasses.field(default_factory=list)
+    #: a download from one donor says ``confirmed=False`` (state sync's lone donor)
+    lone_unconfirmed: bool = False
     fetched: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     unshared: list[str] = dataclasses.field(default_factory=list)
 
@@ -120,9 +122,10 @@ class FakeStateSync:
         self.unshared.append(run_id)
 
     def fetch(self, run_id: str, donors: Any, *, min_epoch: int = 0,
-              timeout: float | None = None, digest: bytes | None = None) -> Any:
+              max_epoch: int | None = None, timeout: float | None = None,
+              digest: bytes | None = None) -> Any:
         self.fetched.append({"donors": list(donors), "min_epoch": min_epoch,
-                             "timeout": timeout, "digest": digest})
+                             "max_epoch": max_epoch, "timeout": timeout, "digest": digest})
         if not self.payloads:
             raise StateSyncError("no donor answered")
         payload = self.payloads.pop(0)
@@ -130,7 +133,8 @@ class FakeStateSync:
             raise payload
         epoch, data = payload
         return SimpleNamespace(epoch=epoch, payload=data, digest=hashlib.sha256(data).digest(),
-                               donors=tuple(donors), seconds=0.01)
+                               donors=tuple(donors), seconds=0.01,
+                               confirmed=len(list(donors)) > 1 or not self.lone_unconfirmed)
 
     def offers(self, run_id: str, donors: Any) -> dict[ID, tuple[int, bytes]]:
         return {p: o for p, o in self.offered.items() if p in list(donors)}

@@ -131,5 +131,6 @@ def test_the_comparison_catches_what_would_break_the_optimizer():
         "share(): epoch is not positional argument 1",
         "share(): payload is not positional argument 2",
         "unshare(): needs now, which the optimizer never passes",
-        "fetch(): min_epoch has no default", "fetch(): takes no timeout=",
+        "fetch(): min_epoch has no default", "fetch(): takes no max_epoch=",
+        "fetch(): takes no timeout=",
         "fetch(): takes no digest=", "no offers()"]

@@ -462,7 +462,7 @@ def test_statistics_name_every_counter():
     assert list(opt.statistics()) == [
         "epoch", "local_steps", "samples_accumulated", "rounds", "averaged", "partial", "alone",
         "failed", "state_syncs", "state_sync_failures", "checkpoints", "shared",
-        "consistency_checks", "repairs"]
+        "consistency_checks", "repairs", "unconfirmed_syncs"]
     opt.close()
 
 

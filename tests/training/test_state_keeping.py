@@ -3,14 +3,17 @@ checkpoints, on a fake node."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 from libp2p.peer.id import ID
 
+import p2pdl
 from p2pdl.errors import ConfigError
 from p2pdl.training import CatchUp, OptimizerConfig, StateKeeper
 from p2pdl.training._state_keeping import MAX_CHECKS, MAX_SYNC_FAILURES
@@ -127,6 +130,97 @@ def test_catching_up_downloads_from_serving_peers_ahead():
     assert k.statistics()["state_syncs"] == 1
 
 
+@pytest.mark.parametrize("view, max_epoch", [
+    (SimpleNamespace(epoch=10**6, quorum_epoch=3), 4),   # the quorum bounds the epoch asked
+    (SimpleNamespace(epoch=3), 4),                        # no quorum: the view's epoch
+    (SimpleNamespace(epoch=10**6, quorum_epoch=1), 3),    # never below min_epoch
+])
+def test_catching_up_asks_for_no_epoch_past_the_quorums_next(view, max_epoch):
+    node = FakeNode()
+    source, _ = keeper()
+    source.epoch = 3
+    node.state_sync.payloads.append((3, source.serialized()))
+    k, _ = keeper(node)
+    tracker = FakeTracker(view=[view], reports=[report(PEER_A, 3), report(PEER_B, 10**6)])
+    assert k.catch_up(tracker, 3) is CatchUp.SYNCED
+    (fetch,) = node.state_sync.fetched
+    assert fetch["min_epoch"] == 3 and fetch["max_epoch"] == max_epoch
+    # every serving peer is asked: state sync flags those past the bound
+    assert fetch["donors"] == [ID(PEER_A), ID(PEER_B)]
+
+
+def test_a_state_from_a_lone_donor_is_checked_after_the_next_round():
+    node = FakeNode()
+    node.state_sync.lone_unconfirmed = True
+    source, _ = keeper()
+    source.epoch = 3
+    node.state_sync.payloads += [(3, source.serialized())] * 2
+    k, _ = keeper(node)
+    tracker = FakeTracker(reports=[report(PEER_A, 3)])
+    assert k.download(tracker, 3)
+    assert k.unconfirmed and not k.suspect and k.statistics()["unconfirmed_syncs"] == 1
+    k.share(force=True)   # not offered to others while unconfirmed
+    assert node.state_sync.shared == []
+    k.epoch += 1
+    k.after_step()   # the next round: now compare with the others
+    assert k.suspect and not k.unconfirmed
+    assert [e for _, e, _ in node.state_sync.shared] == [4]
+    # A download two donors agreed on is confirmed.
+    k2, _ = keeper(node)
+    assert k2.download(FakeTracker(reports=[report(PEER_A, 3), report(PEER_B, 3)]), 3)
+    assert not k2.unconfirmed and k2.statistics()["unconfirmed_syncs"] == 0
+
+
+def test_a_download_whose_payload_is_not_its_digest_is_not_loaded():
+    class Lying(type(FakeNode().state_sync)):
+        def fetch(self, *args, **kwargs):
+            download = super().fetch(*args, **kwargs)
+            download.digest = bytes(32)
+            return download
+    node = FakeNode(state_sync=Lying())
+    source, _ = keeper(weight=4.0)
+    source.epoch = 3
+    node.state_sync.payloads.append((3, source.serialized()))
+    k, model = keeper(node)
+    assert not k.download(FakeTracker(reports=[report(PEER_A, 3)]), 3)
+    assert k.epoch == 0 and bool((model.weight == 1.0).all())
+    assert k.statistics()["state_sync_failures"] == 1
+
+
+LOOPBACK = ["/ip4/127.0.0.1/tcp/0"]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("liar_epoch", [10**6, 3])   # far newer; the same epoch
+def test_a_lying_donor_serving_poison_loses_to_two_honest_ones_over_real_nodes(liar_epoch):
+    honest_state, honest_model = keeper(weight=2.0)
+    trained(honest_state, honest_model, steps=3)
+    liar_state, _ = keeper(weight=99.0)   # finite parameters of the right shapes
+    liar_state.epoch = liar_epoch
+    with contextlib.ExitStack() as stack:
+        joiner, liar, *honest = (stack.enter_context(p2pdl.Node(listen=LOOPBACK))
+                                 for _ in range(4))
+        for node in (liar, *honest):
+            joiner.connect(node.addrs[0], timeout=20)
+            node.state_sync.share("run", liar_epoch if node is liar else 3,
+                                  (liar_state if node is liar else honest_state).serialized())
+        reports = [report(liar.peer_id.to_bytes(), liar_epoch)] + \
+            [report(n.peer_id.to_bytes(), 3) for n in honest]
+        tracker = FakeTracker(view=[SimpleNamespace(epoch=3, quorum_epoch=3)], reports=reports)
+        k, mine = keeper(joiner, weight=7.0, sync_timeout=30.0)
+        assert k.download(tracker, 3)
+        assert k.epoch == 3 and torch.equal(mine.weight, honest_model.weight)
+        assert not k.unconfirmed
+        flags = joiner.trio_node.flags
+        assert flags.count(liar.peer_id, "state_lost_vote") == 1
+        assert all(flags.count(n.peer_id) == 0 for n in honest)
+        # Again: the liar's offer is left out, nothing of it is downloaded.
+        assert k.download(tracker, 3)
+        assert liar.state_sync.statistics()["chunks_served"] == 0
+        assert joiner.state_sync.statistics()["offers_excluded"] == 1
+        assert flags.count(liar.peer_id) == 1
+
+
 def test_catching_up_waits_between_failures_then_adopts_the_epoch():
     node = FakeNode()
     k, _ = keeper(node, sync_retry=0.01)
@@ -180,6 +274,26 @@ def test_a_tie_goes_to_the_smallest_digest():
         assert [f["digest"] for f in node.state_sync.fetched] == [other] * downloads
         assert not k.suspect and k.statistics()["consistency_checks"] == 1
         assert k.statistics()["state_sync_failures"] == downloads   # the fake has no payload
+
+
+def test_the_consistency_check_keeps_its_own_state_when_nobody_has_a_majority():
+    node = FakeNode()
+    honest, _ = keeper(weight=2.0)
+    k, mine = keeper(node, weight=3.0)
+    k.mark_suspect()
+    # Three peers, three states: the liar's digest is the smallest of all, which
+    # won such a split by the old tie rule.
+    node.state_sync.offered = {ID(PEER_A): (0, honest.digest()), ID(PEER_B): (0, bytes(32))}
+    assert not k.check_consistency(FakeTracker(reports=[report(PEER_A, 0),
+                                                        report(PEER_B, 0)]))
+    assert node.state_sync.fetched == [] and not k.suspect
+    assert bool((mine.weight == 3.0).all()) and k.statistics()["consistency_checks"] == 1
+    # The same liar against this peer and an honest peer that agree: theirs stays.
+    k2, _ = keeper(node, weight=2.0)
+    k2.mark_suspect()
+    assert not k2.check_consistency(FakeTracker(reports=[report(PEER_A, 0),
+                                                         report(PEER_B, 0)]))
+    assert node.state_sync.fetched == []
 
 
 def test_the_consistency_check_asks_again_while_nobody_offers_then_gives_up():
