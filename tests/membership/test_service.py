@@ -335,3 +335,45 @@ async def test_runs_given_to_open_node_are_guarded():
             await outsider.call(node.peer_id, PROGRESS_PROTOCOL, Push(RUN, ()), timeout=10)
         assert refused.value.code == NOT_ADMITTED
         assert node.statistics()["membership"]["certificate_runs"] == 1
+
+
+def test_the_sync_and_asyncio_faces():
+    import asyncio
+
+    import p2pdl
+
+    authority = Authority.generate()
+    with p2pdl.Node(loopback_config(), runs=[AllowlistRun("listed", [])]) as node:
+        cert = authority.issue(RUN, node.peer_id, "trainer")
+        node.membership.add_run(CertificateRun(RUN, authority.id, cert))
+        assert [p.run_id for p in node.membership.runs()] == ["listed", RUN]
+        assert node.membership.members(RUN)[str(node.peer_id)].role is Role.TRAINER
+        revoked = authority.revocation_list(RUN, [cert.serial + 1], sequence=1)
+        node.membership.publish_revocations(revoked, timeout=5)  # alone: nobody stores it
+        assert node.membership.statistics().revocations_accepted == 1
+
+        async def use_aio():
+            assert (await node.aio.membership.members("listed")) == {}
+            return await node.aio.membership.statistics()
+
+        assert asyncio.run(use_aio()).certificate_runs == 1
+
+
+async def test_a_gate_of_ones_own_is_asked_before_the_membership():
+    from p2pdl import Refusal
+
+    class Refuse:
+        def admit(self, peer, protocol_id, run_id):
+            return Refusal("banned") if run_id == "banned-run" else None
+
+    async with open_node(loopback_config(), admission=Refuse()) as server, \
+            open_node(loopback_config()) as client, open_node(loopback_config()) as stranger:
+        for node in (client, stranger):
+            await node.connect(server.addrs[0])
+        server.membership.add_run(AllowlistRun(RUN, [client.peer_id]))
+        await client.call(server.peer_id, PROGRESS_PROTOCOL, Push(RUN, ()), timeout=10)
+        for who, run_id in ((client, "banned-run"), (stranger, RUN)):
+            with pytest.raises(RemoteError) as refused:
+                await who.call(server.peer_id, PROGRESS_PROTOCOL, Push(run_id, ()), timeout=10)
+            assert refused.value.code == NOT_ADMITTED
+        assert server.statistics().admission.refused == 2
