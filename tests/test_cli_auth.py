@@ -325,13 +325,16 @@ def test_a_mistake_is_one_line_from_the_real_command(operator):
 @pytest.mark.timeout(180)
 def test_the_readme_closed_run_works_as_written(tmp_path):
     """The README's closed run, with the ids it prints put in for the placeholders."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
     block = next(b for b in re.findall(r"```bash\n(.*?)```", readme, re.S)
                  if "p2pdl auth init" in b)
     commands = [re.sub(r"\s+#.*$", "", c).split() for c in
                 block.replace("\\\n", " ").strip().splitlines()]
     assert [c[1] for c in commands] == ["auth", "identity", "auth", "train"]
-    env = {**os.environ, "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    # Run in tmp_path (the README's relative paths), on this checkout's p2pdl.
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONUNBUFFERED": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
 
     def p2pdl(argv: list[str]) -> str:
         result = subprocess.run([sys.executable, "-m", "p2pdl", *argv], cwd=tmp_path, env=env,
@@ -349,3 +352,34 @@ def test_the_readme_closed_run_works_as_written(tmp_path):
     ready = json.loads(out.splitlines()[0])
     assert ready["event"] == "ready" and ready["peer_id"] == alice
     assert ready["membership"] == "certificate" and authority in ready["membership_note"]
+
+
+def _node_output(*argv: str, home: Path) -> list[str]:
+    result = subprocess.run(
+        [sys.executable, "-m", "p2pdl", "node", "--listen", "/ip4/127.0.0.1/tcp/0",
+         "--duration", "0.5", *argv], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "HOME": str(home)})
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.splitlines()
+
+
+def test_node_says_which_mode_each_run_is_in(operator, capsys):
+    lines = _node_output("--run-id", "r1", "--run-id", "r2", home=operator.dir)
+    assert lines[0].startswith("/ip4/127.0.0.1/")  # the addresses stay first
+    assert [line for line in lines if "is open" in line] == [
+        f"run {r!r} is open: anyone who knows the run id can join it (see "
+        f"--authority/--certificate or --allowlist to close it)" for r in ("r1", "r2")]
+    path = str(operator.dir / "revoked")
+    run(capsys, "auth", "revoke", "--authority", operator.key, "--run-id", "r1",
+        "--serial", "5", "--serial", "6", "--list", path)
+    lines = _node_output("--run-id", "r1", "--authority", operator.authority_id,
+                         "--revocations", path, home=operator.dir)
+    assert any("is a certificate run" in line and "this node holds none" in line
+               for line in lines), lines
+    assert any(line.startswith("revocation list of run 'r1': sequence 1, 2 serial(s) revoked")
+               for line in lines), lines
+    lines = _node_output("--run-id", "r1", "--identity", operator.identity, "--authority",
+                         operator.authority_id, "--certificate", operator.cert,
+                         home=operator.dir)
+    assert any("this peer is a trainer until" in line and "(serial 5)" in line
+               for line in lines), lines

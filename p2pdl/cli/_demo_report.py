@@ -116,10 +116,13 @@ def _membership_report(phase: Phase, member_ids: dict[str, str]) -> dict[str, An
     for c in members:
         done = c.done or {}
         admission = done.get("admission") or {}
+        membership = done.get("membership_statistics") or {}
         evidence.append({
             "member": c.name, "peer_id": member_ids.get(c.name),
             "reported": "admission" in done,
-            "refused": admission.get("refused"),
+            # Requests of non-members (the membership's count; the gate's also
+            # holds monitors asking to average).
+            "refused": membership.get("refused", admission.get("refused")),
             "refused_by_protocol": admission.get("refused_by_protocol") or {},
             "membership_statistics": done.get("membership_statistics"),
         })

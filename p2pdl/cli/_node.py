@@ -117,11 +117,12 @@ async def serve_node(args: argparse.Namespace, plan: RunPlan | None = None,
             for addr in node.addrs:
                 print(addr, flush=True)
             if plan is not None:
-                if plan.revocations is not None:
-                    await node.membership.publish_revocations(plan.revocations)
                 for line in plan.lines:
                     logger.info("%s", line)
                     print(line, flush=True)
+                if plan.revocations is not None:
+                    stored = await node.membership.publish_revocations(plan.revocations)
+                    print(plan.published_line(stored), flush=True)
             start = time.monotonic()
             while True:
                 print(status_line(node, time.monotonic() - start), flush=True)

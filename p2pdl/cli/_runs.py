@@ -91,6 +91,14 @@ class RunPlan:
     lines: tuple[str, ...]
     revocations: Any = None      # a RevocationList to publish, or None
 
+    def published_line(self, stored: bool) -> str:
+        """What to say once :attr:`revocations` was published (``stored``: a DHT node holds it)."""
+        r = self.revocations
+        where = "published to the run" if stored else \
+            "obeyed here; no DHT node took it yet (members read it from peers that hold it)"
+        return (f"revocation list of run {r.run_id!r}: sequence {r.sequence}, "
+                f"{len(r.serials)} serial(s) revoked; {where}")
+
 
 def plan_runs(args: argparse.Namespace, run_ids: Sequence[str], peer_id: str | None, *,
               member: bool = True, now: float | None = None) -> RunPlan:

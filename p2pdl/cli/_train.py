@@ -335,8 +335,8 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
     exc_info: tuple[Any, Any, Any] = (None, None, None)
     gate: dict[str, Any] = {}
     try:
-        if plan.revocations is not None:
-            node.membership.publish_revocations(plan.revocations)
+        stored = node.membership.publish_revocations(plan.revocations) \
+            if plan.revocations is not None else None
         peer_index = args.peer_index if args.peer_index is not None \
             else derive_peer_index(node.peer_id.to_bytes())
         options: dict[str, Any] = {"mode": args.mode, "delay_updates": args.delay_updates,
@@ -367,6 +367,8 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
             out.human(addr)
         for line in plan.lines:
             out.human(line)
+        if stored is not None:
+            out.human(plan.published_line(stored))
         _wait_for_peers(opt, args, out)
         progress.start = time.monotonic()
         progress.last_epoch = opt.local_epoch
