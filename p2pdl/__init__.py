@@ -11,6 +11,8 @@ Layers, bottom to top; a layer imports only the layers below it
   admission gate every inbound request passes.
 * ``p2pdl.nat`` -- reachability by dial-back, client mode, relay use.
 * ``p2pdl.dht`` -- Kademlia DHT: discovery, signed dictionary records (``node.dht``).
+* ``p2pdl.membership`` -- who may touch a run: open, allowlist and certificate runs,
+  the membership handshake, revocation (``node.membership``).
 * ``p2pdl.progress`` -- gossip of training progress, when to step (``node.progress``).
 * ``p2pdl.statesync`` -- training state for joiners (``node.state_sync``).
 * ``p2pdl.averaging`` -- matchmaking of averaging groups (``node.matchmaking``) and
@@ -41,6 +43,13 @@ from .dht import DHTConfig as DHTConfig
 from .dht import Schema as Schema
 from .dht import ValueWithExpiration as ValueWithExpiration
 from .errors import CallTimeoutError as CallTimeoutError
+from .membership import AllowlistRun as AllowlistRun
+from .membership import Authority as Authority
+from .membership import Certificate as Certificate
+from .membership import CertificateRun as CertificateRun
+from .membership import MembershipConfig as MembershipConfig
+from .membership import OpenRun as OpenRun
+from .membership import RevocationList as RevocationList
 from .errors import CheckpointError as CheckpointError
 from .errors import ConfigError as ConfigError
 from .errors import IdentityError as IdentityError
@@ -61,6 +70,7 @@ from .progress import ProgressConfig as ProgressConfig
 from .service import AdmissionGate as AdmissionGate
 from .service import OpenAdmission as OpenAdmission
 from .service import Refusal as Refusal
+from .service import Role as Role
 from .statesync import StateDownload as StateDownload
 from .statesync import StateSyncConfig as StateSyncConfig
 from .wire import Message as Message

@@ -8,6 +8,7 @@ from typing import Any
 from .averaging import AllReduceConfig, MatchmakingConfig
 from .dht import DHTConfig, Schema
 from .errors import ConfigError
+from .membership import MembershipConfig
 from .nat import ReachabilityConfig
 from .net import HostConfig
 from .progress import ProgressConfig
@@ -31,6 +32,7 @@ class NodeConfig:
     nat: ReachabilityConfig = ReachabilityConfig()
     dht: DHTConfig = DHTConfig()
     dht_schemas: tuple[Schema, ...] = ()
+    membership: MembershipConfig = MembershipConfig()
     progress: ProgressConfig = ProgressConfig()
     matchmaking: MatchmakingConfig = MatchmakingConfig()
     allreduce: AllReduceConfig = AllReduceConfig()

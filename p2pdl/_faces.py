@@ -35,6 +35,7 @@ from .averaging import (
 )
 from .dht import DHTService, DHTStatistics, GroupPeer, Schema, ValueWithExpiration
 from .errors import CallTimeoutError, NodeClosedError
+from .membership import Member, MembershipService, MembershipStatistics, RevocationList, RunPolicy
 from .progress import (
     GlobalProgress,
     PeerReport,
@@ -55,7 +56,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SyncDHT", "AsyncioDHT", "SyncProgress", "SyncTracker", "AsyncioProgress",
            "AsyncioTracker", "SyncMatchmaking", "AsyncioMatchmaking", "SyncAveraging",
-           "AsyncioAveraging", "SyncStateSync", "AsyncioStateSync"]
+           "AsyncioAveraging", "SyncStateSync", "AsyncioStateSync", "SyncMembership",
+           "AsyncioMembership"]
 
 T = TypeVar("T")
 
@@ -67,6 +69,68 @@ FORM_GROUP_SLACK = 10.0
 FETCH_SLACK = 10.0
 #: A DHT operation from sync code waits its timeout plus this (s).
 DHT_SLACK = 5.0
+
+
+# -- membership ----------------------------------------------------------------------
+
+
+class SyncMembership:
+    """``node.membership`` of a sync :class:`~p2pdl.Node`: who may touch which run.
+
+    See :class:`~p2pdl.membership.MembershipService`; reads hop to the trio
+    thread and back at once, ``publish_revocations`` waits for the DHT
+    (at most ``timeout`` s) or returns a future.
+    """
+
+    def __init__(self, portal: Portal, membership: MembershipService,
+                 dht_timeout: float) -> None:
+        self._portal = portal
+        self._membership = membership
+        self._dht_timeout = dht_timeout
+
+    def runs(self) -> tuple[RunPolicy, ...]:
+        return self._portal.run_sync(self._membership.runs)
+
+    def members(self, run_id: str) -> dict[str, Member]:
+        return self._portal.run_sync(self._membership.members, run_id)
+
+    def add_run(self, policy: RunPolicy) -> None:
+        self._portal.run_sync(self._membership.add_run, policy)
+
+    def publish_revocations(self, revocations: RevocationList, *, timeout: float | None = None,
+                            return_future: bool = False) -> Any:
+        limit = self._dht_timeout if timeout is None else timeout
+        return self._portal.run(lambda: self._membership.publish_revocations(revocations),
+                                limit + DHT_SLACK, return_future=return_future)
+
+    def statistics(self) -> MembershipStatistics:
+        return self._portal.run_sync(self._membership.statistics)
+
+
+class AsyncioMembership:
+    """``node.aio.membership``: the same operations, awaitable from asyncio."""
+
+    def __init__(self, portal: Portal, membership: MembershipService) -> None:
+        self._portal = portal
+        self._membership = membership
+
+    async def _sync(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.to_thread(self._portal.run_sync, fn, *args)
+
+    async def runs(self) -> tuple[RunPolicy, ...]:
+        return await self._sync(self._membership.runs)
+
+    async def members(self, run_id: str) -> dict[str, Member]:
+        return await self._sync(self._membership.members, run_id)
+
+    async def add_run(self, policy: RunPolicy) -> None:
+        await self._sync(self._membership.add_run, policy)
+
+    async def publish_revocations(self, revocations: RevocationList) -> bool:
+        return await self._portal.aio(lambda: self._membership.publish_revocations(revocations))
+
+    async def statistics(self) -> MembershipStatistics:
+        return await self._sync(self._membership.statistics)
 
 
 # -- the DHT -----------------------------------------------------------------------

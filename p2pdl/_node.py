@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
@@ -25,13 +25,26 @@ from libp2p.peer.id import ID
 
 from ._concurrency import open_service_nursery
 from ._config import NodeConfig
-from .averaging import AllReduceService, MatchmakingService
+from .averaging import (
+    ALLREDUCE_PROTOCOL_ID,
+    MATCHMAKING_PROTOCOL_ID,
+    AllReduceService,
+    MatchmakingService,
+)
 from .dht import DHTService
-from .errors import CallTimeoutError, ConfigError, P2PDLError, ProtocolNotSupportedError
+from .errors import (
+    CallTimeoutError,
+    ConfigError,
+    P2PDLError,
+    ProtocolNotSupportedError,
+    RemoteError,
+)
+from .membership import MembershipService, RunPolicy
 from .nat import NatService
 from .net import Host, HostStatistics, PeerIDLike, open_host, ping_libp2p
-from .progress import ProgressService
+from .progress import SNAPSHOT_PREFIX, ProgressService
 from .service import (
+    NOT_ADMITTED,
     AdmissionGate,
     AdmissionStatistics,
     Endpoint,
@@ -39,6 +52,8 @@ from .service import (
     Gatekeeper,
     OpenAdmission,
     Reachability,
+    Refusal,
+    Role,
     RpcEndpoint,
     Service,
     ServiceContext,
@@ -72,6 +87,9 @@ SERVICES: tuple[tuple[str, ServiceBuilder], ...] = (
     ("nat", lambda ctx, cfg, s: NatService(ctx, cfg.nat)),
     ("dht", lambda ctx, cfg, s: DHTService(ctx, cfg.dht, reachability=s["nat"],
                                            schemas=cfg.dht_schemas)),
+    ("membership", lambda ctx, cfg, s: MembershipService(
+        ctx, cfg.membership, dht=s["dht"],
+        averaging_protocols=(MATCHMAKING_PROTOCOL_ID, ALLREDUCE_PROTOCOL_ID))),
     ("progress", lambda ctx, cfg, s: ProgressService(ctx, cfg.progress, dht=s["dht"],
                                                      reachability=s["nat"])),
     ("matchmaking", lambda ctx, cfg, s: MatchmakingService(ctx, cfg.matchmaking, dht=s["dht"],
@@ -96,33 +114,72 @@ class NodeStatistics(Statistics):
     admission: AdmissionStatistics
     nat: Statistics
     dht: Statistics
+    membership: Statistics
     progress: Statistics
     matchmaking: Statistics
     averaging: Statistics
     state_sync: Statistics
 
 
+class _BothGates:
+    """A user's gate and the node's membership: a request passes only if both admit it."""
+
+    def __init__(self, gate: AdmissionGate, membership: MembershipService) -> None:
+        self.gate = gate
+        self.membership = membership
+
+    def admit(self, peer: ID, protocol_id: str, run_id: str | None) -> Refusal | None:
+        return (self.gate.admit(peer, protocol_id, run_id)
+                or self.membership.admit(peer, protocol_id, run_id))
+
+    def is_member(self, peer: ID, run_id: str) -> bool:
+        is_member = getattr(self.gate, "is_member", None)
+        return self.membership.is_member(peer, run_id) and (
+            is_member is None or bool(is_member(peer, run_id)))
+
+    def role_of(self, peer: ID, run_id: str) -> Role | None:
+        return self.membership.role_of(peer, run_id)
+
+    def credential(self, run_id: str) -> bytes | None:
+        return self.membership.credential(run_id)
+
+    def learn(self, peer: ID, run_id: str, credential: bytes) -> bool:
+        return self.membership.learn(peer, run_id, credential)
+
+
 class TrioNode:
     """A running node, for trio code.  Obtain one from :func:`open_node`."""
 
     def __init__(self, host: Host, config: NodeConfig, nursery: trio.Nursery,
-                 admission: AdmissionGate, clock: Callable[[], float] = time.time) -> None:
+                 admission: AdmissionGate | None = None, clock: Callable[[], float] = time.time,
+                 runs: Iterable[RunPolicy] = ()) -> None:
         self._host = host
         self._config = config
         self._nursery = nursery
         self._rpc = RpcClient(host, nursery, config.wire)
-        self._gate = Gatekeeper(admission)
+        self._gate = Gatekeeper(admission or OpenAdmission())
         self._protocols: set[str] = set()
+        # protocol id -> the run a request names (run-scoped requests introduce first)
+        self._run_of: dict[str, Callable[[Message], str | None]] = {}
         self.serve(PING, answer_ping)  # type: ignore[arg-type]
         self._flags = FlagBook()
-        context = ServiceContext(host, self._rpc.call, config.wire, clock,
-                                 members=self._gate, flags=self._flags)
+        context = ServiceContext(host, self._introduced_call, config.wire, clock,
+                                 members=self._gate, flags=self._flags,
+                                 introduce=self._introduce)
         self._services: dict[str, Any] = {}
         for name, build in SERVICES:
             service = build(context, config, self._services)
             self._services[name] = service
             for endpoint in service.endpoints():
                 self._install(endpoint)
+        membership: MembershipService = self._services["membership"]
+        # The node's gate is its membership (the Gatekeeper still counts and logs);
+        # a user's own gate is asked first.
+        self._gate.gate = membership if admission is None else _BothGates(admission, membership)
+        self.dht.scope_run_keys(SNAPSHOT_PREFIX, lambda rest: rest)
+        self.dht.set_run_guard(membership.has_policy)
+        for policy in runs:
+            membership.add_run(policy)
 
     async def _start(self) -> None:
         for service in self._services.values():
@@ -152,6 +209,12 @@ class TrioNode:
     def flags(self) -> FlagBook:
         """Peers this node caught lying about themselves, by run and kind (local knowledge)."""
         return self._flags
+
+    @property
+    def membership(self) -> MembershipService:
+        """Who may touch which run: ``runs()``, ``members(run_id)``, ``add_run(policy)``,
+        ``publish_revocations(list)`` (docs/security.md)."""
+        return self._services["membership"]
 
     @property
     def nat(self) -> NatService:
@@ -264,6 +327,8 @@ class TrioNode:
 
     def _install(self, endpoint: Endpoint) -> None:
         self._claim(endpoint.protocol_id)
+        if isinstance(endpoint, RpcEndpoint):
+            self._run_of[endpoint.protocol_id] = endpoint.run_id_of
         install_endpoint(self._host, self._config.wire, self._gate, endpoint)
 
     def _claim(self, protocol_id: str) -> None:
@@ -273,8 +338,44 @@ class TrioNode:
 
     async def call(self, peer: PeerIDLike, protocol: RpcProtocol, request: Message,
                    timeout: float | None = None) -> Message:
-        """Send ``request`` to ``peer`` and return its response (see :class:`RpcClient`)."""
-        return await self._rpc.call(peer, protocol, request, timeout)
+        """Send ``request`` to ``peer`` and return its response (see :class:`RpcClient`).
+
+        A request of a certificate run (one this node serves with a run-scoped
+        endpoint) is preceded by the membership handshake on that connection,
+        within ``timeout``.
+        """
+        return await self._introduced_call(peer, protocol, request, timeout)
+
+    async def _introduce(self, peer: Any, run_id: str) -> None:
+        await self._services["membership"].introduce(peer, run_id)
+
+    async def _introduced_call(self, peer: PeerIDLike, protocol: RpcProtocol, request: Message,
+                               timeout: float | None = None) -> Message:
+        """The services' ``call``: a run-scoped request introduces this node first.
+
+        A peer that refuses it ``not_admitted`` although it was introduced to
+        (it may have restarted and forgotten us) is introduced to again, once.
+        """
+        run_of = self._run_of.get(protocol.protocol_id)
+        run_id = run_of(request) if run_of is not None else None
+        membership: MembershipService | None = self._services.get("membership")
+        if run_id is None or membership is None:
+            return await self._rpc.call(peer, protocol, request, timeout)
+        deadline = None if timeout is None else trio.current_time() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(deadline - trio.current_time(), 1e-3)
+
+        with trio.move_on_at(deadline if deadline is not None else float("inf")):
+            await membership.introduce(peer, run_id)
+        try:
+            return await self._rpc.call(peer, protocol, request, left())
+        except RemoteError as exc:
+            if exc.code != NOT_ADMITTED or not membership.forget_introduction(peer, run_id):
+                raise
+        with trio.move_on_at(deadline if deadline is not None else float("inf")):
+            await membership.introduce(peer, run_id)
+        return await self._rpc.call(peer, protocol, request, left())
 
     @asynccontextmanager
     async def open_stream(self, peer: PeerIDLike, protocol_id: str) -> AsyncIterator[FramedStream]:
@@ -318,14 +419,16 @@ class TrioNode:
 @asynccontextmanager
 async def open_node(config: NodeConfig | None = None, *, key_pair: KeyPair | None = None,
                     admission: AdmissionGate | None = None, host: Host | None = None,
-                    clock: Callable[[], float] = time.time,
+                    clock: Callable[[], float] = time.time, runs: Iterable[RunPolicy] = (),
                     **host_fields: Any) -> AsyncIterator[TrioNode]:
     """Run a node for the duration of the block (trio).
 
     ``host_fields`` override fields of ``config.host``, e.g.
     ``open_node(listen=["/ip4/127.0.0.1/tcp/0"], initial_peers=[addr])``.
-    ``admission`` is the gate every inbound request and stream passes (default
-    :class:`~p2pdl.service.OpenAdmission`: everyone is admitted).  Every task
+    ``runs``: the run policies this node guards (:class:`~p2pdl.OpenRun`,
+    :class:`~p2pdl.AllowlistRun`, :class:`~p2pdl.CertificateRun`); a run without
+    one is open.  The node's gate is its membership (``node.membership``);
+    ``admission`` is a gate of your own, asked before it.  Every task
     the node starts runs in its nursery and ends with the block; the block
     starts once every service reported ready.
 
@@ -340,7 +443,7 @@ async def open_node(config: NodeConfig | None = None, *, key_pair: KeyPair | Non
     opened = nullcontext(host) if host is not None else open_host(config.host,
                                                                             key_pair)
     async with opened as host, open_service_nursery() as nursery:
-        node = TrioNode(host, config, nursery, admission or OpenAdmission(), clock)
+        node = TrioNode(host, config, nursery, admission, clock, runs)
         try:
             await node._start()
             yield node

@@ -19,6 +19,7 @@ import atexit
 import logging
 import signal
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 import trio
@@ -30,17 +31,20 @@ from ._faces import (
     AsyncioAveraging,
     AsyncioDHT,
     AsyncioMatchmaking,
+    AsyncioMembership,
     AsyncioProgress,
     AsyncioStateSync,
     SyncAveraging,
     SyncDHT,
     SyncMatchmaking,
+    SyncMembership,
     SyncProgress,
     SyncStateSync,
 )
 from ._node import NodeStatistics, TrioNode, open_node
 from ._portal import Portal
 from .errors import CallTimeoutError, NodeClosedError
+from .membership import RunPolicy
 from .net import PeerIDLike
 from .service import AdmissionGate, Reachability
 from .wire import Message, RpcHandler, RpcProtocol
@@ -107,6 +111,9 @@ class Node:
     as a context manager or call :meth:`shutdown`; an interpreter exit shuts
     it down too.
 
+    ``runs``: the run policies the node guards (``p2pdl.CertificateRun(...)``;
+    docs/security.md); ``node.membership`` shows and changes them.
+
     ``node.portal`` runs your own trio code on the node's thread
     (``node.portal.submit(async_fn)``); ``node.trio_node`` is the
     :class:`~p2pdl.TrioNode` there, for such code.
@@ -119,11 +126,13 @@ class Node:
 
     def __init__(self, config: NodeConfig | None = None, *, start_timeout: float = 60.0,
                  key_pair: KeyPair | None = None, handle_sigterm: bool = True,
-                 admission: AdmissionGate | None = None, **host_fields: Any) -> None:
+                 admission: AdmissionGate | None = None, runs: Iterable[RunPolicy] = (),
+                 **host_fields: Any) -> None:
         self._config = NodeConfig.build(config, **host_fields)
         self._sigterm = handle_sigterm and _sigterm_exits.acquire()
         self._key_pair = key_pair
         self._admission = admission
+        self._runs = tuple(runs)
         self._node: TrioNode | None = None
         self._portal: Portal | None = None
         self._stop: trio.Event | None = None
@@ -146,6 +155,8 @@ class Node:
         assert node is not None and portal is not None
         self.aio = AsyncioNode(self, portal, node)
         self.dht = SyncDHT(portal, node.dht, self._config.dht)
+        self.membership = SyncMembership(portal, node.membership,
+                                         self._config.dht.operation_timeout)
         self.progress = SyncProgress(portal, node.progress)
         self.matchmaking = SyncMatchmaking(portal, node.matchmaking)
         self.averaging = SyncAveraging(portal, node.averaging, node.matchmaking)
@@ -167,7 +178,7 @@ class Node:
     async def _trio_main(self) -> None:
         self._stop = trio.Event()
         async with open_node(self._config, key_pair=self._key_pair,
-                             admission=self._admission) as node:
+                             admission=self._admission, runs=self._runs) as node:
             self._node = node
             self._token = trio.lowlevel.current_trio_token()
             self._portal = Portal(self._token, node.nursery, self._thread)
@@ -294,6 +305,7 @@ class AsyncioNode:
         self._portal = portal
         self._trio = trio_node
         self.dht = AsyncioDHT(portal, trio_node.dht)
+        self.membership = AsyncioMembership(portal, trio_node.membership)
         self.progress = AsyncioProgress(portal, trio_node.progress)
         self.matchmaking = AsyncioMatchmaking(portal, trio_node.matchmaking)
         self.averaging = AsyncioAveraging(portal, trio_node.averaging, trio_node.matchmaking)

@@ -12,6 +12,7 @@ import msgpack
 
 import p2pdl.averaging as averaging
 import p2pdl.dht as dht
+import p2pdl.membership as membership
 import p2pdl.nat as nat
 import p2pdl.progress as progress
 import p2pdl.training as training
@@ -35,6 +36,11 @@ from p2pdl.averaging.matchmaking import config as mm_config
 from p2pdl.dht import DHT_PROTOCOL_ID, GROUP_PREFIX, DHTConfig, GroupMember, RoutingTable
 from p2pdl.dht import _messages as dht_messages
 from p2pdl.dht import config as dht_config
+from p2pdl.membership import MEMBERSHIP_PROTOCOL_ID, MembershipConfig
+from p2pdl.membership import _certificates as mb_certificates
+from p2pdl.membership import _messages as mb_messages
+from p2pdl.membership import _service as mb_service
+from p2pdl.membership import config as mb_config
 from p2pdl.dht._service import MAINTENANCE_TICK, MIN_BOOTSTRAP_SPACING, REPUBLISH_CONCURRENCY
 from p2pdl.dht._validation import SIGNATURE_DOMAIN, signing_payload
 from p2pdl.nat import DIALBACK_PROTOCOL_ID, ReachabilityConfig
@@ -59,7 +65,7 @@ SPECS = pathlib.Path(__file__).resolve().parents[1] / "protocols"
 CODE_IDS = {"ping.md": PING_PROTOCOL_ID, "transport.md": DIALBACK_PROTOCOL_ID,
             "dht.md": DHT_PROTOCOL_ID, "progress.md": PROGRESS_PROTOCOL_ID,
             "matchmaking.md": MATCHMAKING_PROTOCOL_ID, "allreduce.md": ALLREDUCE_PROTOCOL_ID,
-            "statesync.md": STATESYNC_PROTOCOL_ID}
+            "statesync.md": STATESYNC_PROTOCOL_ID, "membership.md": MEMBERSHIP_PROTOCOL_ID}
 
 
 def spec(name: str) -> str:
@@ -95,7 +101,7 @@ def test_every_spec_states_its_protocol_id_literally():
 
 
 def test_every_protocol_id_in_the_code_has_a_spec():
-    ids_in_code = {v for module in (wire, nat, dht, progress, averaging, training)
+    ids_in_code = {v for module in (wire, nat, dht, progress, averaging, training, membership)
                    for k, v in vars(module).items()
                    if k.endswith("PROTOCOL_ID")}
     assert ids_in_code <= set(CODE_IDS.values())
@@ -415,3 +421,48 @@ def test_statesync_messages_codes_and_example_match_the_code():
     assert f"`{manifest.chunk_digests[32:].hex()}`" in messages
     request = wire.encode_message(ss_messages.GetChunk("demo", manifest.digest, 1), 7)
     assert f"`{request.hex()}`" in messages
+
+
+def test_membership_definitions_match_the_code():
+    rows = definitions(spec("membership.md"))
+    limits = {name: value for name, value in vars(mb_config).items()
+              if name.isupper() and type(value) in (int, float)}
+    assert {"MAX_CERTIFICATE_SIZE", "MAX_REVOCATION_LIST_SIZE", "MAX_REVOKED_SERIALS",
+            "MAX_SERIAL", "DEFAULT_CERTIFICATE_LIFETIME"} <= limits.keys()
+    for name, value in limits.items():
+        written = int(re.match(r"[0-9]+", rows[name]).group()) if type(value) is int \
+            else number(rows[name])
+        assert written == value, name
+    assert number(rows["FIRST_REFRESH_DELAY"]) == mb_service.FIRST_REFRESH_DELAY
+    defaults = MembershipConfig()
+    for field in dataclasses.fields(MembershipConfig):
+        assert number(rows[field.name]) == getattr(defaults, field.name), field.name
+
+
+def test_membership_messages_and_encodings_match_the_code():
+    text = spec("membership.md")
+    messages = section(text, "Messages")
+    protocol = mb_messages.MEMBERSHIP_PROTOCOL
+    for message in (*protocol.requests, *protocol.responses):
+        if message.TAG == "error":
+            continue
+        assert f"| `{message.TAG}` |" in messages, message.TAG
+        for field in dataclasses.fields(message):
+            assert f"| `{field.name}` |" in messages, (message.TAG, field.name)
+    assert f'CERTIFICATE_DOMAIN = "{mb_certificates.CERTIFICATE_DOMAIN}"' in text
+    assert f'REVOCATION_DOMAIN = "{mb_certificates.REVOCATION_DOMAIN}"' in text
+    assert f"`{mb_certificates.CERTIFICATE_HEADER}`" in text
+    assert f"`{mb_certificates.REVOCATION_HEADER}`" in text
+    assert f"`{mb_config.REVOCATION_PREFIX}<run id>`" in text
+    # The encodings' field order, as the code writes them.
+    authority = membership.Authority.generate()
+    cert = authority.issue("r", authority.id, "trainer", now=1.0, serial=5)
+    fields = msgpack.unpackb(cert.to_bytes())
+    assert fields[0] == mb_certificates.FORMAT_VERSION and fields[1:8] == \
+        ["r", authority.id, "trainer", 1.0, cert.expires_at, 5, authority.id]
+    payload = msgpack.unpackb(cert.signing_payload())
+    assert payload == [mb_certificates.CERTIFICATE_DOMAIN, 1, *fields[1:8]]
+    rl = authority.revocation_list("r", [9, 3], sequence=2, now=1.0)
+    assert msgpack.unpackb(rl.to_bytes())[:6] == [1, "r", authority.id, 2, 1.0, [3, 9]]
+    assert msgpack.unpackb(rl.signing_payload()) == \
+        [mb_certificates.REVOCATION_DOMAIN, 1, "r", authority.id, 2, 1.0, [3, 9]]

@@ -30,7 +30,7 @@ LAYERS = {
     "service": 3,
     "nat": 4,
     "dht": 5,
-    "progress": 6, "statesync": 6,
+    "progress": 6, "statesync": 6, "membership": 6,
     "averaging": 7,
     "training": 8,
     "": 9,  # the node: p2pdl/__init__.py, _node, _config, _portal, _faces, _sync_node

@@ -183,6 +183,9 @@ class DHTService:
         self._counters: collections.Counter[str] = collections.Counter()
         self._table_changed = trio.Event()
         self._table_version = 0  # grows whenever a contact enters the table
+        # Run-scoped key prefixes: prefix -> the run of the rest of the key.
+        self._run_prefixes: dict[str, Callable[[str], str | None]] = {}
+        self._run_guarded: Callable[[str], bool] = lambda run_id: False
 
     # -- what the node and the layers above read --------------------------------
 
@@ -225,8 +228,39 @@ class DHTService:
                              **{name: self._counters[name] for name in COUNTERS})
 
     def endpoints(self) -> list[RpcEndpoint]:
-        """``/p2pdl/dht/1.0.0`` (served to everyone: it is not run-scoped)."""
-        return [RpcEndpoint(DHT_PROTOCOL, self.handle)]
+        """``/p2pdl/dht/1.0.0``: served to everyone, except requests for a key of a
+        run this node guards (:meth:`run_of_key`), which the gate sees as of that run."""
+        return [RpcEndpoint(DHT_PROTOCOL, self.handle, run_id_of=self._run_of_request)]
+
+    def scope_run_keys(self, prefix: str, run_of_rest: Callable[[str], str | None]) -> None:
+        """Keys ``prefix + rest`` belong to the run ``run_of_rest(rest)`` (None: to no run).
+
+        The layers that keep run data in the DHT register their prefixes
+        (progress snapshots, matchmaking rendezvous), so that requests for
+        those keys pass the admission gate as requests of the run.
+        """
+        self._run_prefixes[prefix] = run_of_rest
+
+    def set_run_guard(self, guarded: Callable[[str], bool]) -> None:
+        """Only runs for which ``guarded(run_id)`` is true scope their keys (the
+        runs this node has a membership policy for); other runs' keys are served
+        to everyone, as any DHT key."""
+        self._run_guarded = guarded
+
+    def run_of_key(self, key: str) -> str | None:
+        """The guarded run ``key`` belongs to, or None (longest registered prefix wins)."""
+        best = None
+        for prefix in self._run_prefixes:
+            if key.startswith(prefix) and (best is None or len(prefix) > len(best)):
+                best = prefix
+        if best is None:
+            return None
+        run_id = self._run_prefixes[best](key[len(best):])
+        return run_id if run_id and self._run_guarded(run_id) else None
+
+    def _run_of_request(self, request: Message) -> str | None:
+        key = getattr(request, "key", None)
+        return self.run_of_key(key) if isinstance(key, str) else None
 
     async def wait_table_changed(self, timeout: float) -> None:
         """Return when a contact enters the routing table, or after ``timeout`` s."""

@@ -29,6 +29,8 @@ from p2pdl.averaging.matchmaking._messages import Join
 from p2pdl.dht import DHT_PROTOCOL
 from p2pdl.dht._messages import FindNode
 from p2pdl.errors import RemoteError, StreamClosedError
+from p2pdl.membership import MEMBERSHIP_PROTOCOL
+from p2pdl.membership._messages import GetRevocations
 from p2pdl.nat import DIALBACK, DialBackRequest
 from p2pdl.progress import PROGRESS_PROTOCOL
 from p2pdl.progress._messages import Push
@@ -70,6 +72,8 @@ REQUESTS = {
     PING_PROTOCOL_ID: (PING, PingRequest(7), None),
     DIALBACK.protocol_id: (DIALBACK, DialBackRequest([]), None),
     DHT_PROTOCOL.protocol_id: (DHT_PROTOCOL, FindNode(b"\x01" * 32), None),
+    # The membership handshake is how one becomes a member: a request of no run.
+    MEMBERSHIP_PROTOCOL.protocol_id: (MEMBERSHIP_PROTOCOL, GetRevocations(RUN), None),
     PROGRESS_PROTOCOL.protocol_id: (PROGRESS_PROTOCOL, Push(RUN, ()), RUN),
     MATCHMAKING_PROTOCOL.protocol_id: (MATCHMAKING_PROTOCOL, Join(RUN, 3, 4, False, 1.0), RUN),
     STATESYNC_PROTOCOL.protocol_id: (STATESYNC_PROTOCOL, GetManifest(RUN), RUN),

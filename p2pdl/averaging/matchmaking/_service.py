@@ -32,7 +32,7 @@ from typing import Any
 import trio
 from libp2p.peer.id import ID
 
-from ...dht import DHTService, GroupPeer
+from ...dht import GROUP_PREFIX, DHTService, GroupPeer
 from ...errors import (
     ConfigError,
     LocalProtocolError,
@@ -42,6 +42,7 @@ from ...errors import (
 )
 from ...service import (
     ReachabilityView,
+    Role,
     RpcEndpoint,
     ServiceContext,
     Statistics,
@@ -67,7 +68,8 @@ from ._state import (
 )
 from .config import MAX_DETAIL_LENGTH, MAX_GROUP_SIZE, MAX_MATCHMAKING_TIME, MatchmakingConfig
 
-__all__ = ["MatchmakingService", "MatchmakingStatistics", "round_key", "REPLY_MARGIN", "JOIN_SLACK",
+__all__ = ["MatchmakingService", "MatchmakingStatistics", "round_key", "run_of_round_key",
+           "REPLY_MARGIN", "JOIN_SLACK",
            "MAX_RECENT_ROUNDS", "GATHER_FRACTION", "JOIN_WINDOW_FRACTION"]
 
 logger = logging.getLogger(__name__)
@@ -94,7 +96,10 @@ class MatchmakingStatistics(Statistics):
     """What ``MatchmakingService.statistics()`` says: rounds in progress, held join
     requests, and counters (every one present, from 0).  ``led`` counts groups
     formed as leader; ``joins_failed``, join requests with no answer (the leader
-    unreachable, gone or silent); ``bad_answers``, answers that failed the checks."""
+    unreachable, gone or silent); ``bad_answers``, answers that failed the checks
+    (a group with a member that may not average among them);
+    ``non_members_skipped``, leaders not joined because they are no averaging
+    members of the run."""
 
     active_rounds: int
     held_joins: int
@@ -108,6 +113,7 @@ class MatchmakingStatistics(Statistics):
     joins_received: int = 0
     joins_accepted: int = 0
     joins_refused: int = 0
+    non_members_skipped: int = 0
     view_fetches: int = 0
 
 
@@ -119,6 +125,12 @@ def round_key(run_id: str, epoch: int) -> str:
     """The DHT group name of a round: ``<run id>/mm/<epoch>`` (key
     ``p2pdl/group/<run id>/mm/<epoch>``)."""
     return f"{run_id}/mm/{epoch}"
+
+
+def run_of_round_key(name: str) -> str | None:
+    """The run of a round's DHT group name (:func:`round_key`), or None."""
+    run_id, mark, epoch = name.rpartition("/mm/")
+    return run_id if mark and run_id and epoch.isdigit() else None
 
 
 class _Session:
@@ -171,6 +183,10 @@ class MatchmakingService:
         self._call = context.call
         self._dht = dht
         self._reachability = reachability
+        self._members = context.members
+        self._introduce = context.introduce
+        # The rendezvous keys of a guarded run are that run's: members only.
+        dht.scope_run_keys(GROUP_PREFIX, run_of_round_key)
         self._config = config or MatchmakingConfig()
         self._max_hold = max(0.5, context.wire.handler_timeout - HOLD_MARGIN)
         self._sessions: dict[tuple[str, int], _Session] = {}
@@ -309,6 +325,10 @@ class MatchmakingService:
         round_ = session.round
         me = round_.me
         name = round_key(round_.run_id, round_.epoch)
+        if not self._averages(me.peer_id, round_.run_id):
+            notes.append("this node is no averaging member of the run (no valid certificate, "
+                         "or a monitor's)")
+            return None
         expiration = self._dht.now() + params.matchmaking_time + self._config.expiration_margin
         if not await self._dht.announce(name, expiration):
             logger.debug("matchmaking %s: no DHT node holds our announcement", name)
@@ -379,7 +399,9 @@ class MatchmakingService:
         while not state.ready(trio.current_time()):
             with trio.move_on_at(finalize_at):
                 await session.wait_changed()
-        group = state.finalize(trio.current_time(), self._host.is_connected)
+        run_id = round_.run_id
+        group = state.finalize(trio.current_time(),
+                               lambda p: self._host.is_connected(p) and self._averages(p, run_id))
         logger.debug("matchmaking %s/%d: finalized with %s members", round_.run_id,
                      round_.epoch, group and len(group))
         if group is not None:
@@ -400,6 +422,12 @@ class MatchmakingService:
             notes.append("no time left to join")
             return "failed"
         me = round_.me
+        # Never join a leader that is not a member: it would learn our gradients.
+        await self._introduce(leader, round_.run_id)
+        if not self._averages(leader, round_.run_id):
+            self._counters["non_members_skipped"] += 1
+            notes.append(f"{_short(leader)}: not an averaging member")
+            return "not_member"
         request = Join(round_.run_id, round_.epoch, params.target_group_size, me.client_mode,
                        wait, me.auxiliary, me.bandwidth, me.reduce_rate)
         self._counters["joins_sent"] += 1
@@ -416,16 +444,39 @@ class MatchmakingService:
             return reply.code
         assert isinstance(reply, Formed)
         try:
-            return group_from_formed(round_.run_id, round_.epoch, leader, me,
-                                     params.target_group_size, reply.group_id,
-                                     [(m.peer, m.client_mode, m.auxiliary, m.bandwidth,
-                                       m.reduce_rate) for m in reply.members],
-                                     reply.fractions)
+            group = group_from_formed(round_.run_id, round_.epoch, leader, me,
+                                      params.target_group_size, reply.group_id,
+                                      [(m.peer, m.client_mode, m.auxiliary, m.bandwidth,
+                                        m.reduce_rate) for m in reply.members],
+                                      reply.fractions)
         except RemoteProtocolError as exc:
             self._counters["bad_answers"] += 1
             notes.append(f"{_short(leader)}: bad answer")
             logger.warning("%s", exc)
             return "bad_answer"
+        outsiders = await self._outsiders(group, me.peer_id)
+        if outsiders:
+            self._counters["bad_answers"] += 1
+            notes.append(f"{_short(leader)}: a group with {len(outsiders)} non-member(s)")
+            logger.warning("matchmaking %s/%d: %s formed a group with non-members %s",
+                           round_.run_id, round_.epoch, leader,
+                           ", ".join(_short(p) for p in outsiders))
+            return "bad_answer"
+        return group
+
+    def _averages(self, peer: ID, run_id: str) -> bool:
+        """Whether ``peer`` may average in ``run_id``: a member, and not a monitor."""
+        return (self._members.is_member(peer, run_id)
+                and self._members.role_of(peer, run_id) is not Role.MONITOR)
+
+    async def _outsiders(self, group: Group, me: ID) -> list[ID]:
+        """The members of ``group`` that may not average; every other member is
+        introduced to (both sides show their certificates before the all-reduce)."""
+        others = [p for p in group.peer_ids if p != me]
+        async with trio.open_nursery() as nursery:
+            for peer in others:
+                nursery.start_soon(self._introduce, peer, group.run_id)
+        return [p for p in others if not self._averages(p, group.run_id)]
 
     # -- serving join requests ----------------------------------------------------------------
 
