@@ -94,15 +94,11 @@ def duration(text: str) -> float:
 
 
 def peer_id_text(text: str) -> str:
-    """A p2pdl peer id in base58 (``12D3KooW...``): one that embeds its ed25519 key."""
-    from libp2p.crypto.keys import KeyType
-    from libp2p.peer.id import ID
+    """A p2pdl peer id in base58 (``12D3KooW...``): one that embeds its ed25519 key,
+    by the rule of :func:`p2pdl.membership.peer_id_problem`."""
+    from ..membership import peer_id_problem
 
-    try:
-        key = ID.from_base58(text).extract_public_key() if 0 < len(text) <= 128 else None
-    except Exception:  # base58 and multihash decoding of what the user typed
-        key = None
-    if key is None or key.get_type() != KeyType.Ed25519:
+    if peer_id_problem(text) is not None:
         raise argparse.ArgumentTypeError(
             f"must be a peer id (base58, such as 12D3KooW...; `p2pdl identity` prints "
             f"one), got {text!r}")
