@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -75,6 +76,22 @@ def test_demo_trains_a_swarm_and_a_baseline_and_reports(tmp_path):
         assert process["returncode"] is not None
         assert not _alive(process["pid"])
 
+    # A certificate run: the uninvited peer (no certificate) was refused by every
+    # member that reported, as their own gate's statistics say.
+    membership = report["membership"]
+    assert membership["mode"] == "certificate"
+    assert set(membership["members"]) == {"relay", "trainer-0", "trainer-1", "trainer-2",
+                                          "auxiliary"}
+    [uninvited] = membership["uninvited"]
+    assert uninvited["peer_id"] not in membership["members"].values()
+    assert uninvited["membership"] == "open"  # it did not even claim to be a member
+    assert uninvited["members"] == uninvited["members_reporting"] == 4
+    assert uninvited["refused_by"] == 4 and uninvited["refused_requests"] >= 4
+    assert uninvited["averaged"] in (0, None)
+    line = re.search(r"uninvited peer (12D3\S+): refused by (\d)/(\d) members \(not_admitted",
+                     result.stdout)
+    assert line and line.group(2) == line.group(3) == "4", result.stdout[-3000:]
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(200)
@@ -101,7 +118,7 @@ def test_ctrl_c_stops_every_child_and_writes_a_partial_report(tmp_path):
         assert training.wait(150), "".join(lines[-20:])
         time.sleep(3)
         children = _children_of(proc.pid)
-        assert len(children) == 5  # relay, three trainers, the auxiliary peer
+        assert len(children) == 6  # relay, three trainers, the auxiliary and the uninvited peer
         proc.send_signal(signal.SIGINT)
         start = time.monotonic()
         code = proc.wait(60)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 
 from ..errors import ConfigError
 
@@ -19,10 +20,13 @@ __all__ = [
     "add_identity",
     "add_initial_peers",
     "add_listen",
+    "duration",
     "non_negative_float",
     "non_negative_int",
     "positive_float",
     "positive_int",
+    "peer_id_text",
+    "run_id_text",
 ]
 
 #: Where a peer listens unless told otherwise: a free port on every interface.
@@ -73,6 +77,42 @@ def non_negative_float(text: str) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
     return value
+
+
+#: Seconds per unit of a duration (``30m``, ``12h``, ``7d``, ``2w``).
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_DURATION = re.compile(r"([0-9]+)([smhdw])")
+
+
+def duration(text: str) -> float:
+    """A duration such as ``30m``, ``12h``, ``7d`` or ``2w`` (also ``90s``), in seconds."""
+    match = _DURATION.fullmatch(text.strip())
+    if match is None or int(match.group(1)) == 0:
+        raise argparse.ArgumentTypeError(
+            f"must be a duration such as 30m, 12h, 7d or 2w, got {text!r}")
+    return float(int(match.group(1)) * DURATION_UNITS[match.group(2)])
+
+
+def peer_id_text(text: str) -> str:
+    """A p2pdl peer id in base58 (``12D3KooW...``): one that embeds its ed25519 key,
+    by the rule of :func:`p2pdl.membership.peer_id_problem`."""
+    from ..membership import peer_id_problem
+
+    if peer_id_problem(text) is not None:
+        raise argparse.ArgumentTypeError(
+            f"must be a peer id (base58, such as 12D3KooW...; `p2pdl identity` prints "
+            f"one), got {text!r}")
+    return text
+
+
+def run_id_text(text: str) -> str:
+    """A run id, checked with the rule every protocol uses."""
+    from ..service import run_id_problem
+
+    problem = run_id_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def add_listen(parser: argparse.ArgumentParser, help_default: str = DEFAULT_LISTEN) -> None:

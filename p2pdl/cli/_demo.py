@@ -21,6 +21,15 @@ alone decides when they stop:
    peer would take smaller steps and learn more per sample but less per
    step: a different optimization, not the same one run on fewer machines.)
 
+The swarm's run is a **certificate run**: the demo makes a run authority on
+the fly (in a temporary directory, deleted at the end), creates each member's
+identity file, and signs a certificate for each member's peer id (the relay
+as a monitor, the trainers, the auxiliary peer).  It also starts one
+**uninvited** peer: a real ``p2pdl train --auxiliary`` of the same run id
+with no certificate.  The summary says how many members refused it, from the
+members' own final statistics (their admission gate's refused requests; the
+uninvited peer is the only non-member in the swarm).
+
 The swarm has three trainers on the machine's cores (two on this project's
 machine kind: three processes share them), the baseline one process on one
 core; ``cpu_count`` is in the report.
@@ -45,8 +54,10 @@ import argparse
 import os
 import platform
 import secrets
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +91,8 @@ TARGET_BATCH_SIZE = 512
 MATCHMAKING_TIME = 3.0
 #: Trainer-0 and the baseline measure the held-out loss every this many epochs.
 EVAL_EVERY = 5
+#: Lifetime of the members' certificates beyond the demo's longest run (s).
+CERTIFICATE_SLACK = 3600.0
 #: Longest wait for a child to print its address or its ``ready`` event (s).
 START_TIMEOUT = 120.0
 #: Longest wait of the trainers for each other (their --wait-timeout, s).
@@ -147,6 +160,40 @@ class _Demo:
         self.children: Children | None = None
         self.interrupted = False
         self.error: str | None = None
+        self.keys: Path | None = None  # the authority, identities, certificates (temporary)
+        self.authority_id: str | None = None
+        self.member_ids: dict[str, str] = {}
+
+    def make_members(self) -> None:
+        """Make the run authority, each member's identity and its certificate (in
+        a temporary directory that :meth:`forget_keys` deletes)."""
+        from ..membership import Authority
+        from ..service import Role
+        from ._runs import peer_id_of_identity
+
+        self.keys = Path(tempfile.mkdtemp(prefix="p2pdl-demo-keys-"))
+        authority = Authority.generate()
+        authority.save(self.keys / "authority")
+        self.authority_id = authority.id
+        roles = {"relay": Role.MONITOR, "auxiliary": Role.AUXILIARY,
+                 **{f"trainer-{i}": Role.TRAINER for i in range(TRAINERS)}}
+        lifetime = 2 * self.duration + START_TIMEOUT + WAIT_FOR_PEERS_TIMEOUT \
+            + 2 * FINISH_SLACK + CERTIFICATE_SLACK
+        for name, role in roles.items():
+            peer_id = peer_id_of_identity(self.keys / f"{name}.key")
+            authority.issue(self.run_id, peer_id, role,
+                            expires_in=lifetime).save(self.keys / f"{name}.cert")
+            self.member_ids[name] = peer_id
+
+    def member_args(self, name: str) -> list[str]:
+        """The flags that make child ``name`` a member of the run."""
+        assert self.keys is not None and self.authority_id is not None
+        return ["--identity", str(self.keys / f"{name}.key"), "--authority",
+                self.authority_id, "--certificate", str(self.keys / f"{name}.cert")]
+
+    def forget_keys(self) -> None:
+        if self.keys is not None:
+            shutil.rmtree(self.keys, ignore_errors=True)
 
     def _train_args(self, *extra: str) -> list[str]:
         a = self.args
@@ -168,10 +215,14 @@ class _Demo:
         self.console.print(f"[bold]p2pdl demo[/]: run {self.run_id}, {self.duration:g} s of "
                            f"swarm training, then {self.duration:g} s alone; output in "
                            f"{self.out}/")
+        await trio.to_thread.run_sync(self.make_members)
+        self.console.print(f"certificate run: authority {self.authority_id} signed "
+                           f"{len(self.member_ids)} members' certificates")
         relay = await children.start("relay", "bootstrap + relay", [
             "node", "--relay", "--listen", "/ip4/127.0.0.1/tcp/0", "--status-interval", "10",
             "--duration", repr(self.duration + START_TIMEOUT + WAIT_FOR_PEERS_TIMEOUT
-                               + 2 * FINISH_SLACK)])
+                               + 2 * FINISH_SLACK),
+            "--run-id", self.run_id, *self.member_args("relay")])
         phase.others.append(relay)
         await wait_for(relay.have_addr, relay, START_TIMEOUT, "print its address")
         bootstrap = relay.addrs[0]
@@ -180,7 +231,7 @@ class _Demo:
         common = ["--run-id", self.run_id, "--initial-peers", bootstrap,
                   "--wait-for-peers", str(peers), "--wait-timeout", repr(WAIT_FOR_PEERS_TIMEOUT)]
         for i in range(TRAINERS):
-            extra = ["--peer-index", str(i), *common]
+            extra = ["--peer-index", str(i), *common, *self.member_args(f"trainer-{i}")]
             if i == 0:
                 extra += ["--eval-every", str(a.eval_every)]
             if i == TRAINERS - 1:
@@ -190,11 +241,19 @@ class _Demo:
                                                        self._train_args(*extra)))
         # The auxiliary peer outlives the trainers (it is stopped once they are done),
         # so that no trainer's last round loses a reducer that left on its own.
-        aux = self._train_args("--auxiliary", *common)
+        aux = self._train_args("--auxiliary", *common, *self.member_args("auxiliary"))
         aux[aux.index("--duration") + 1] = repr(self.duration + FINISH_SLACK)
         phase.others.append(await children.start("auxiliary", "auxiliary", aux))
+        # The uninvited peer: the same run id and bootstrap, no certificate.  An
+        # auxiliary peer computes no gradients, so it takes no CPU from the trainers.
+        uninvited = self._train_args("--auxiliary", "--run-id", self.run_id,
+                                     "--initial-peers", bootstrap)
+        uninvited[uninvited.index("--duration") + 1] = repr(self.duration + FINISH_SLACK)
+        phase.uninvited.append(await children.start("uninvited", "uninvited (no certificate)",
+                                                    uninvited))
         self.console.print(f"started {TRAINERS} trainers (trainer-{TRAINERS - 1} in client "
-                           f"mode) and an auxiliary peer; waiting for them to meet")
+                           f"mode), an auxiliary peer and an uninvited peer (no certificate); "
+                           f"waiting for the members to meet")
         await self._watch(phase, START_TIMEOUT + WAIT_FOR_PEERS_TIMEOUT)
         await children.stop(phase.children)
 
@@ -223,14 +282,17 @@ class _Demo:
             "mode": a.mode, "delay_updates": a.delay_updates,
             "matchmaking_time": a.matchmaking_time, "eval_every": a.eval_every,
             "torch_threads_per_peer": 1, "trainers": TRAINERS, "client_mode_trainers": 1,
-            "auxiliary_peers": 1, "cpu_count": os.cpu_count(), "p2pdl": __version__,
+            "auxiliary_peers": 1, "membership": "certificate",
+            "authority": self.authority_id, "uninvited_peers": 1,
+            "cpu_count": os.cpu_count(), "p2pdl": __version__,
             "python": platform.python_version(), "platform": platform.platform(),
         }
 
     def report(self) -> dict[str, Any]:
         return build_report(settings=self.settings(), interrupted=self.interrupted,
                             error=self.error, swarm=self.swarm, solo=self.solo,
-                            children=self.children.all if self.children else [], out=self.out)
+                            children=self.children.all if self.children else [], out=self.out,
+                            member_ids=self.member_ids)
 
 
 async def _run_demo(demo: _Demo) -> None:
@@ -280,6 +342,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]p2pdl demo: {exc}[/]")
     except KeyboardInterrupt:  # a signal before trio's handler was up
         demo.interrupted = True
+    finally:
+        demo.forget_keys()
     report = demo.report()
     plot = write_plot(demo.out, demo.swarm, demo.solo, report["settings"])
     if plot is None:

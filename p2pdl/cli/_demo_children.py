@@ -108,17 +108,20 @@ class Child:
 
 @dataclasses.dataclass
 class Phase:
-    """One phase's children and times (the swarm, or the baseline)."""
+    """One phase's children and times (the swarm, or the baseline): its trainers,
+    the others that serve it (relay, auxiliary peer), and the uninvited."""
 
     name: str
     trainers: list[Child] = dataclasses.field(default_factory=list)
     others: list[Child] = dataclasses.field(default_factory=list)
+    #: Peers of no certificate that try to join the run (the members must refuse them).
+    uninvited: list[Child] = dataclasses.field(default_factory=list)
     wall_start: float | None = None
     wall_end: float | None = None
 
     @property
     def children(self) -> list[Child]:
-        return self.trainers + self.others
+        return self.trainers + self.others + self.uninvited
 
     def elapsed(self) -> float:
         return max([c.last_step["t"] for c in self.trainers

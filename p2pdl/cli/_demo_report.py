@@ -2,8 +2,10 @@
 
 Everything is computed from what the children printed (their ``step``,
 ``eval`` and ``done`` events), so an interrupted demo still gets a partial
-report.  matplotlib and rich are imported only when the plot or the table
-is made.
+report.  Whether the uninvited peer was refused comes from the members' own
+``done`` events (their admission gate's refused requests, by protocol) and
+the uninvited peer's (the rounds it averaged): nothing is assumed.
+matplotlib and rich are imported only when the plot or the table is made.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from typing import Any
 from ._demo_children import Child, Phase
 from ._format import cell, finite
 
-__all__ = ["build_report", "summary", "write_plot", "write_report"]
+__all__ = ["build_report", "refusal_lines", "summary", "write_plot", "write_report"]
 
 
 def build_report(*, settings: dict[str, Any], interrupted: bool, error: str | None,
                  swarm: Phase, solo: Phase, children: Sequence[Child],
-                 out: Path) -> dict[str, Any]:
-    """The content of ``report.json`` (``settings`` is the demo's, as given)."""
+                 out: Path, member_ids: dict[str, str] | None = None) -> dict[str, Any]:
+    """The content of ``report.json`` (``settings`` is the demo's, as given;
+    ``member_ids``: the peer id of each member, by child name)."""
     swarm_report, solo_report = _phase_report(swarm), _phase_report(solo)
     return {
         "settings": settings,
@@ -31,6 +34,7 @@ def build_report(*, settings: dict[str, Any], interrupted: bool, error: str | No
         "error": error,
         "swarm": swarm_report,
         "solo": solo_report,
+        "membership": _membership_report(swarm, member_ids or {}),
         "comparison": _comparison(swarm_report, solo_report),
         "processes": [{"name": c.name, "role": c.role, "pid": c.pid,
                        "returncode": c.returncode, "command": c.command}
@@ -100,6 +104,71 @@ def _peer_report(c: Child) -> dict[str, Any]:
         "statistics": done.get("statistics"),
         "log": str(c.log_path),
     }
+
+
+def _membership_report(phase: Phase, member_ids: dict[str, str]) -> dict[str, Any]:
+    """Who the run's members are, and what each said of the requests it refused."""
+    # Members that report statistics at the end: the ``p2pdl train`` children
+    # (the relay, a ``p2pdl node``, prints none).
+    members = [c for c in phase.trainers + phase.others if c.name in member_ids
+               and "train" in c.command]
+    evidence = []
+    for c in members:
+        done = c.done or {}
+        admission = done.get("admission") or {}
+        membership = done.get("membership_statistics") or {}
+        evidence.append({
+            "member": c.name, "peer_id": member_ids.get(c.name),
+            "reported": "admission" in done,
+            # Requests of non-members (the membership's count; the gate's also
+            # holds monitors asking to average).
+            "refused": membership.get("refused", admission.get("refused")),
+            "refused_by_protocol": admission.get("refused_by_protocol") or {},
+            "membership_statistics": done.get("membership_statistics"),
+        })
+    uninvited = []
+    for c in phase.uninvited:
+        done = c.done or {}
+        stats = done.get("statistics") or {}
+        uninvited.append({
+            "name": c.name, "peer_id": (c.ready or {}).get("peer_id"),
+            "membership": (c.ready or {}).get("membership"),
+            "members": len(members),
+            "members_reporting": sum(1 for e in evidence if e["reported"]),
+            # The uninvited peer is the swarm's only non-member, so every refusal
+            # a member's gate counted was one of its requests.
+            "refused_by": sum(1 for e in evidence if (e["refused"] or 0) > 0),
+            "refused_requests": sum(e["refused"] or 0 for e in evidence),
+            "averaged": stats.get("averaged"),
+            "finished": c.done is not None, "returncode": c.returncode,
+        })
+    return {"mode": "certificate" if member_ids else "open",
+            "members": dict(member_ids), "evidence": evidence, "uninvited": uninvited}
+
+
+def refusal_lines(report: dict[str, Any]) -> list[str]:
+    """One line per uninvited peer: how many members refused it, from their statistics."""
+    lines = []
+    membership = report.get("membership") or {}
+    for u in membership.get("uninvited", []):
+        peer = u.get("peer_id")
+        name = f"{peer[:8]}…{peer[-6:]}" if peer else "(did not start)"
+        if not u["members_reporting"]:
+            lines.append(f"uninvited peer {name}: no member sent its final statistics; "
+                         f"no evidence either way")
+            continue
+        protocols = sorted({p.rsplit("/", 2)[-2] if p.count("/") >= 2 else p
+                            for e in membership["evidence"]
+                            for p in e["refused_by_protocol"]})
+        line = (f"uninvited peer {name}: refused by {u['refused_by']}/{u['members']} members "
+                f"(not_admitted; {u['refused_requests']} requests")
+        line += f": {', '.join(protocols)})" if protocols else ")"
+        if u.get("averaged") == 0:
+            line += "; it averaged in no round"
+        elif u.get("averaged"):
+            line += f"; yet it averaged in {u['averaged']} round(s)"
+        lines.append(line)
+    return lines
 
 
 def _comparison(swarm: dict[str, Any], solo: dict[str, Any]) -> dict[str, Any]:
@@ -176,7 +245,8 @@ def write_plot(out: Path, swarm: Phase, solo: Phase, settings: dict[str, Any]) -
 
 
 def summary(report: dict[str, Any]) -> Any:
-    """The summary table (a rich renderable): both phases side by side."""
+    """The summary table (a rich renderable): both phases side by side, then
+    the line of each uninvited peer (:func:`refusal_lines`)."""
     from rich.table import Table
 
     swarm, solo = report["swarm"], report["solo"]
@@ -206,7 +276,13 @@ def summary(report: dict[str, Any]) -> Any:
         table.add_row("mean round time (s)", f"{swarm['mean_round_seconds']:.2f}", "-")
     if swarm.get("round_time_share") is not None:
         table.add_row("share of time in rounds", f"{swarm['round_time_share']:.0%}", "-")
-    return table
+    lines = refusal_lines(report)
+    if not lines:
+        return table
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(table, *(Text(line) for line in lines))
 
 
 def _columns(points: Sequence[tuple[float, float]]) -> tuple[list[float], list[float]]:

@@ -2,9 +2,13 @@
 
     p2pdl node [--listen MULTIADDR ...] [--initial-peers MULTIADDR ...] [--identity FILE]
                [--relay] [--no-relays] [--status-interval S] [--duration S]
+               [--run-id R ...] [--authority ID --certificate FILE | --allowlist FILE]
+               [--revocations FILE]
 
-Prints each full address on its own line, then a status line every
-``--status-interval`` seconds.  SIGINT or SIGTERM stops it (exit status 0).
+Prints each full address on its own line, then one line per run it serves
+(``--run-id``, repeatable) saying who may take part (open, allowlist or
+certificate, ``_runs``), then a status line every ``--status-interval``
+seconds.  SIGINT or SIGTERM stops it (exit status 0).
 """
 
 from __future__ import annotations
@@ -18,7 +22,15 @@ import trio
 
 from .. import NodeConfig, TrioNode, open_node
 from .._concurrency import open_service_nursery
-from ._args import DEFAULT_LISTEN, UsageError, add_identity, add_initial_peers, add_listen
+from ._args import (
+    DEFAULT_LISTEN,
+    UsageError,
+    add_identity,
+    add_initial_peers,
+    add_listen,
+    run_id_text,
+)
+from ._runs import RunPlan, add_membership, closed, identity_path, peer_id_of_identity, plan_runs
 
 __all__ = ["STATUS_INTERVAL", "add_parser", "run", "serve_node", "status_line"]
 
@@ -49,6 +61,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"seconds between status lines (default {STATUS_INTERVAL:g})")
     p.add_argument("--duration", type=float, default=None, metavar="SECONDS",
                    help="stop after this many seconds (default: run until stopped)")
+    p.add_argument("--run-id", action="append", default=[], type=run_id_text, metavar="R",
+                   dest="run_ids",
+                   help="a run this node serves, with the membership flags below (repeat "
+                        "for more; a certificate is for one run)")
+    add_membership(p)
     p.set_defaults(handler=run)
 
 
@@ -60,19 +77,33 @@ def run(args: argparse.Namespace) -> int:
     """
     if args.status_interval <= 0:
         raise UsageError("--status-interval must be positive")
-    trio.run(serve_node, args)
+    if closed(args) and not args.run_ids:
+        raise UsageError("--authority, --certificate, --allowlist and --revocations are "
+                         "for a run: give --run-id")
+    identity = identity_path(args)
+    plan = plan_runs(args, args.run_ids,
+                     peer_id_of_identity(identity) if closed(args) else None, member=False)
+    trio.run(serve_node, args, plan, identity)
     return 0
 
 
-async def serve_node(args: argparse.Namespace) -> None:
-    """Run the node until a signal or ``--duration``, printing addresses and status."""
+async def serve_node(args: argparse.Namespace, plan: RunPlan | None = None,
+                     identity: str | None = None) -> None:
+    """Run the node until a signal or ``--duration``, printing addresses and status.
+
+    ``plan``: the runs it serves (default: none); ``identity``: its identity
+    file (default: ``args.identity``).
+    """
+    if identity is None:
+        identity = args.identity
     config = NodeConfig.build(listen=args.listen, announce=args.announce,
-                              initial_peers=args.initial_peers, identity_path=args.identity,
+                              initial_peers=args.initial_peers, identity_path=identity,
                               relay_service=args.relay, use_relays=not args.no_relays)
+    runs = plan.policies if plan is not None else ()
     # Signals are caught from the start, before anything is printed, so that a
     # supervisor that saw the addresses can always stop the node cleanly.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with open_node(config) as node, open_service_nursery() as nursery:
+        async with open_node(config, runs=runs) as node, open_service_nursery() as nursery:
 
             async def stop_on_signal() -> None:
                 async for signum in signals:
@@ -85,6 +116,13 @@ async def serve_node(args: argparse.Namespace) -> None:
                 nursery.cancel_scope.deadline = trio.current_time() + args.duration
             for addr in node.addrs:
                 print(addr, flush=True)
+            if plan is not None:
+                for line in plan.lines:
+                    logger.info("%s", line)
+                    print(line, flush=True)
+                if plan.revocations is not None:
+                    stored = await node.membership.publish_revocations(plan.revocations)
+                    print(plan.published_line(stored), flush=True)
             start = time.monotonic()
             while True:
                 print(status_line(node, time.monotonic() - start), flush=True)

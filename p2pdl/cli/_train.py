@@ -1,7 +1,8 @@
 """``p2pdl train``: a training peer of the built-in example task.
 
     p2pdl train [--initial-peers MULTIADDR ...] [--run-id NAME] [--auxiliary | --client-mode]
-                [--target-batch-size N] [--batch-size N] [--duration S] [--json-lines] ...
+                [--target-batch-size N] [--batch-size N] [--duration S] [--json-lines]
+                [--authority ID --certificate FILE | --allowlist FILE] [--revocations FILE] ...
 
 One process is one peer: a sync :class:`~p2pdl.Node` (trio in its thread)
 and a :class:`~p2pdl.Optimizer` over the example model
@@ -12,6 +13,12 @@ the same parameters; each draws its own batches (``--peer-index``).
 Output is either human (the addresses, then a status line every
 ``--status-interval`` seconds) or, with ``--json-lines``, one JSON object per
 line on stdout (see :data:`EVENTS`), for ``p2pdl demo`` and other programs.
+
+Membership (``_runs``): the run is open unless ``--authority ID
+--certificate FILE`` or ``--allowlist FILE`` close it; the flags are checked
+against this peer's id before anything starts, and the peer says which mode
+the run is in (a line after the addresses, or the ``ready`` event's
+``membership``).
 
 Stopping: SIGINT or SIGTERM interrupts whatever the loop is doing (a local
 step, or a wait for a round: the round is abandoned), then the optimizer is
@@ -43,8 +50,10 @@ from ._args import (
     non_negative_int,
     positive_float,
     positive_int,
+    run_id_text,
 )
 from ._format import cell, finite
+from ._runs import add_membership, closed, identity_path, peer_id_of_identity, plan_runs
 
 __all__ = ["EVENTS", "add_parser", "derive_peer_index", "run"]
 
@@ -67,7 +76,8 @@ WAIT_FOR_PEERS_TIMEOUT = 60.0
 #: The events of --json-lines, each one JSON object on one line of stdout.
 EVENTS = {
     "ready": "peer_id, addrs, peer_index, role (trainer | auxiliary), client_mode, "
-             "run_id, target, batch_size, parameters",
+             "run_id, target, batch_size, parameters, membership (open | allowlist | "
+             "certificate), membership_note (the run's mode in words)",
     "started": "training began (after --wait-for-peers): peers",
     "step": "t (s since training began), epoch, loss (moving average of the local "
             "training loss), samples (local total), global_samples, target, peers, "
@@ -76,7 +86,9 @@ EVENTS = {
     "eval": "t, epoch, val_loss (held-out loss of the current parameters)",
     "done": "t, reason (duration | max-epochs | signal | stdout-closed), epoch, samples, "
             "local_steps, loss, val_loss (the latest held-out loss; measured at the end "
-            "unless stopped by a signal), samples_per_second, statistics",
+            "unless stopped by a signal), samples_per_second, statistics (the optimizer's), "
+            "admission (the node's gate: requests admitted and refused), "
+            "membership_statistics (the node's membership record)",
 }
 
 
@@ -91,7 +103,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "model on the documentation text that ships with Python (no downloads).  "
                     "Peers with the same --run-id that reach each other (--initial-peers) "
                     "train one model together.  Ctrl-C or SIGTERM stops it cleanly.")
-    p.add_argument("--run-id", default="p2pdl-example",
+    p.add_argument("--run-id", default="p2pdl-example", type=run_id_text,
                    help="the collaboration's name; every peer of a run uses the same "
                         "(default: p2pdl-example)")
     add_initial_peers(p, "join through")
@@ -154,6 +166,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--status-interval", type=positive_float, default=STATUS_INTERVAL,
                    metavar="SECONDS",
                    help=f"seconds between human status lines (default {STATUS_INTERVAL:g})")
+    add_membership(p)
     p.set_defaults(handler=run)
 
 
@@ -287,6 +300,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
+    # The membership flags are checked first: a mistake there is one line, at once.
+    identity = identity_path(args)
+    plan = plan_runs(args, [args.run_id],
+                     peer_id_of_identity(identity) if closed(args) else None)
+    for line in plan.lines:
+        logger.info("%s", line)
+
     import torch
 
     from .. import Node, NodeConfig, Optimizer
@@ -301,19 +321,22 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
     model = task.build_model()
 
     config = NodeConfig.build(listen=args.listen, initial_peers=args.initial_peers,
-                              identity_path=args.identity)
+                              identity_path=identity)
     if args.client_mode:
         config = dataclasses.replace(config,
                                      nat=dataclasses.replace(config.nat, client_mode=True))
     out = _Output(args.json_lines, interrupts)
-    node = Node(config, handle_sigterm=False)
+    node = Node(config, handle_sigterm=False, runs=plan.policies)
     opt: Any = None
     progress = _Progress()
     reason = "duration"
     # What ends the run, for the optimizer's __exit__: on a stop or an error a
     # round in flight is abandoned rather than waited for.
     exc_info: tuple[Any, Any, Any] = (None, None, None)
+    gate: dict[str, Any] = {}
     try:
+        stored = node.membership.publish_revocations(plan.revocations) \
+            if plan.revocations is not None else None
         peer_index = args.peer_index if args.peer_index is not None \
             else derive_peer_index(node.peer_id.to_bytes())
         options: dict[str, Any] = {"mode": args.mode, "delay_updates": args.delay_updates,
@@ -338,9 +361,14 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
                   role="auxiliary" if args.auxiliary else "trainer",
                   client_mode=args.client_mode, run_id=args.run_id,
                   target=args.target_batch_size, batch_size=example.batch_size,
-                  parameters=count_parameters(model), epoch=opt.local_epoch)
+                  parameters=count_parameters(model), epoch=opt.local_epoch,
+                  membership=plan.mode, membership_note=plan.lines[0])
         for addr in addrs:
             out.human(addr)
+        for line in plan.lines:
+            out.human(line)
+        if stored is not None:
+            out.human(plan.published_line(stored))
         _wait_for_peers(opt, args, out)
         progress.start = time.monotonic()
         progress.last_epoch = opt.local_epoch
@@ -363,6 +391,7 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
             if opt is not None:
                 opt.__exit__(*exc_info)
         finally:
+            gate = _node_record(node)  # while the node still runs
             node.shutdown()
     if opt is None:
         return 0
@@ -377,11 +406,39 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
         out.event("done", t=finite(elapsed, 3), reason=reason, epoch=opt.local_epoch,
                   samples=progress.samples, local_steps=stats["local_steps"],
                   loss=finite(progress.loss), val_loss=finite(progress.val_loss),
-                  samples_per_second=finite(sps, 2), statistics=stats)
+                  samples_per_second=finite(sps, 2), statistics=stats, **gate)
         out.human(f"done ({reason}): epoch {opt.local_epoch}, {progress.samples} samples in "
                   f"{elapsed:.0f} s ({sps:.1f} samples/s), loss {cell(progress.loss)}, "
                   f"held-out loss {cell(progress.val_loss)}")
     return 0
+
+
+def _node_record(node: Any) -> dict[str, Any]:
+    """What the node's gate and membership decided, for the ``done`` event (a shut
+    down node: what it recorded last; empty where it cannot say)."""
+    record: dict[str, Any] = {}
+    try:
+        record["admission"] = _plain(node.statistics().admission)
+    except Exception:  # the node is gone: the event goes without it
+        logger.debug("no admission statistics at the end", exc_info=True)
+    try:
+        record["membership_statistics"] = _plain(node.membership.statistics())
+    except Exception:
+        logger.debug("no membership statistics at the end", exc_info=True)
+    return record
+
+
+def _plain(value: Any) -> Any:
+    """A statistics record as plain JSON data."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
 
 
 def _deadline_passed(args: argparse.Namespace, progress: _Progress) -> bool:
