@@ -36,6 +36,7 @@ from .averaging import (
 from .dht import DHTService, DHTStatistics, GroupPeer, Schema, ValueWithExpiration
 from .errors import CallTimeoutError, NodeClosedError
 from .membership import Member, MembershipService, MembershipStatistics, RevocationList, RunPolicy
+from .net import parse_peer_id
 from .progress import (
     GlobalProgress,
     PeerReport,
@@ -311,6 +312,14 @@ class SyncTracker:
     def update_epoch(self, epoch: int | None = None) -> int:
         return self._on_trio(self._live_tracker().update_epoch, epoch)
 
+    def publish_now(self) -> None:
+        """Sign and push a fresh report now (the evidence behind an averaging weight)."""
+        self._on_trio(self._live_tracker().publish_now)
+
+    def reported_samples(self, peer: PeerIDLike, epoch: int) -> int:
+        """The largest sample count ``peer``'s accepted signed reports gave for ``epoch``."""
+        return self._on_trio(self._live_tracker().reported_samples, parse_peer_id(peer), epoch)
+
     def global_progress(self) -> GlobalProgress:
         return self._on_trio(self._live_tracker().global_progress)
 
@@ -377,6 +386,8 @@ class AsyncioTracker:
         self._sync = sync
         self.report = sync.report
         self.update_epoch = sync.update_epoch
+        self.publish_now = sync.publish_now
+        self.reported_samples = sync.reported_samples
         self.global_progress = sync.global_progress
         self.peers = sync.peers
         self.statistics = sync.statistics

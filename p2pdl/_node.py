@@ -139,13 +139,21 @@ class _BothGates:
             is_member is None or bool(is_member(peer, run_id)))
 
     def role_of(self, peer: ID, run_id: str) -> Role | None:
-        return self.membership.role_of(peer, run_id)
+        role_of = getattr(self.gate, "role_of", None)
+        role = role_of(peer, run_id) if role_of is not None else None
+        return role if role is not None else self.membership.role_of(peer, run_id)
 
     def credential(self, run_id: str) -> bytes | None:
-        return self.membership.credential(run_id)
+        credential = self.membership.credential(run_id)
+        own = getattr(self.gate, "credential", None)
+        return credential if credential is not None or own is None else own(run_id)
 
     def learn(self, peer: ID, run_id: str, credential: bytes) -> bool:
-        return self.membership.learn(peer, run_id, credential)
+        self.membership.learn(peer, run_id, credential)
+        learn = getattr(self.gate, "learn", None)
+        if learn is not None:
+            learn(peer, run_id, credential)
+        return self.is_member(peer, run_id)
 
 
 class TrioNode:

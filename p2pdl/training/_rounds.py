@@ -17,8 +17,7 @@ A round's weight is the samples this peer accumulated for the epoch, the
 count its tracker was just told; reducers cap a weight at what the sender's
 signed progress reports support (docs/allreduce.md), so before each round
 with samples :class:`Rounds` has the tracker publish that report at once
-(``publish_now``, where the tracker has it) rather than when its publish
-policy would.
+(``publish_now``) rather than when its publish policy would.
 """
 
 from __future__ import annotations
@@ -159,11 +158,10 @@ class Rounds:
             bandwidth=config.bandwidth, reduce_rate=config.reduce_rate)
 
     def _publish_weight(self) -> None:
-        """Have the tracker publish its report now (if it can), the evidence of
-        the weight the round is about to send."""
-        publish_now = getattr(self.tracker, "publish_now", None)
-        if publish_now is not None:
-            publish_now()
+        """Have the tracker publish its report now: the evidence of the weight
+        the round is about to send."""
+        if self.tracker is not None:
+            self.tracker.publish_now()
 
     def limit(self) -> float:
         """The longest the training thread waits for a round (s)."""

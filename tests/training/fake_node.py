@@ -50,6 +50,7 @@ class FakeTracker:
     epochs: list[int | None] = dataclasses.field(default_factory=list)
     reported: list[tuple[int, int | None]] = dataclasses.field(default_factory=list)
     closed: bool = False
+    published: int = 0
 
     def report(self, samples_accumulated: int, epoch: int | None = None, *,
                samples_per_second: float | None = None) -> None:
@@ -58,6 +59,9 @@ class FakeTracker:
     def update_epoch(self, epoch: int | None = None) -> int:
         self.epochs.append(epoch)
         return epoch or 0
+
+    def publish_now(self) -> None:
+        self.published += 1
 
     def global_progress(self) -> GlobalProgress:
         return self.view[0] if len(self.view) == 1 else self.view.pop(0)

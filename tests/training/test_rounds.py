@@ -171,8 +171,8 @@ def test_a_round_with_samples_publishes_the_report_that_backs_its_weight_first()
     assert tracker.published == [0] and len(node.averaging.calls) == 3
 
 
-def test_a_tracker_without_publish_now_still_starts_rounds():
+def test_rounds_without_a_tracker_start_without_publishing():
     node = FakeNode()
-    r = Rounds(node, "run", OptimizerConfig(), tracker=FakeTracker())
+    r = Rounds(node, "run", OptimizerConfig())
     r.start(3, [torch.zeros(2)], 12)
     assert node.averaging.calls[0]["weight"] == 12.0
