@@ -232,6 +232,11 @@ class Node:
     def statistics(self) -> NodeStatistics:
         return self.portal.run_sync(self.trio_node.statistics)
 
+    def flagged(self, run_id: str | None = None) -> dict[str, dict[str, int]]:
+        """Peers this node caught lying about themselves (base58 id -> count by
+        kind), in ``run_id`` or in every run: ``node.flags.flagged`` of the trio node."""
+        return self.portal.run_sync(lambda: self.trio_node.flags.flagged(run_id))
+
     def connect(self, address: str, *, timeout: float | None = None,
                 return_future: bool = False) -> Any:
         node = self.trio_node
@@ -326,6 +331,11 @@ class AsyncioNode:
 
     async def connected_peers(self) -> list[ID]:
         return await asyncio.to_thread(self._portal.run_sync, self._trio.connected_peers)
+
+    async def flagged(self, run_id: str | None = None) -> dict[str, dict[str, int]]:
+        """:meth:`Node.flagged`, awaited."""
+        return await asyncio.to_thread(self._portal.run_sync,
+                                       lambda: self._trio.flags.flagged(run_id))
 
     async def shutdown(self) -> None:
         await asyncio.to_thread(self._node.shutdown)
