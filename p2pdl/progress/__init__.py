@@ -5,13 +5,17 @@ second, time, client mode) to the other members of its run by gossip, and
 keeps a snapshot of it in the DHT for late joiners and as the fallback when
 gossip is partitioned.  From all reports each peer estimates the global
 progress by DeDLOC's rules and knows when it is ready to step
-(protocols/progress.md, docs/progress.md).  Reach it as ``node.progress``.
-Modules:
+(protocols/progress.md, docs/progress.md).  Claims are bounded by evidence:
+the epoch follows a quorum of the run's trainers (a peer far ahead of it
+moves nobody and is flagged), reports beyond their role's caps are refused,
+only members' reports count (a report may carry its peer's membership
+credential), and ``ProgressService.reported_samples`` tells what a peer's own
+signed reports support.  Reach it as ``node.progress``.  Modules:
 
 * ``config`` -- :class:`ProgressConfig` (documented defaults) and the wire's hard limits.
 * ``_messages`` -- the protocol ``/p2pdl/progress/1.0.0``: reports, pushes, signatures.
-* ``_state`` -- :class:`ProgressView` (the global view), :class:`PublishPolicy`
-  (dead reckoning), :class:`RateEMA` (sans-IO).
+* ``_state`` -- :class:`ProgressView` (the global view, the quorum epoch, the
+  role caps), :class:`PublishPolicy` (dead reckoning), :class:`RateEMA` (sans-IO).
 * ``_service`` -- :class:`ProgressService` and :class:`ProgressTracker`: gossip,
   anti-entropy, DHT snapshots.
 """
@@ -34,5 +38,7 @@ from ._state import ProgressView as ProgressView
 from ._state import PublishPolicy as PublishPolicy
 from ._state import RateEMA as RateEMA
 from ._state import Verdict as Verdict
+from ._state import check_role_caps as check_role_caps
+from ._state import quorum_epoch as quorum_epoch
 from .config import SNAPSHOT_PREFIX as SNAPSHOT_PREFIX
 from .config import ProgressConfig as ProgressConfig

@@ -6,6 +6,13 @@ DHT unchanged.  Types are checked by the decoder (a wrong type resets the
 stream); values (negative counts, absurd rates, future times) are checked by
 the receiver, which drops and counts such reports without resetting the
 stream, since a forwarder is not to blame for a report it relays.
+
+A report may carry its peer's membership credential (certificate bytes, in
+runs that need one) beside the signed fields, so that a receiver that never
+met that peer can learn its membership from a forwarded report or a DHT
+snapshot.  The credential is not part of the signed payload (it is its
+authority's signed statement about the peer, checked as such), and old
+receivers ignore the field.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from ..wire import MaxLen, Message, RpcProtocol
 from .config import (
     MAX_ADDR_LENGTH,
     MAX_ADDRS,
+    MAX_CREDENTIAL_SIZE,
     MAX_DIGEST,
     MAX_PEER_ID_SIZE,
     MAX_REPORTS,
@@ -51,6 +59,7 @@ class Report(Message, tag="progress.report"):
     client_mode: bool
     auxiliary: bool
     signature: Annotated[bytes, MaxLen(MAX_SIGNATURE_SIZE)]
+    credential: Annotated[bytes, MaxLen(MAX_CREDENTIAL_SIZE)] | None = None
 
 
 class DigestEntry(Message, tag="progress.digest_entry"):
@@ -97,12 +106,14 @@ def signing_payload(run_id: str, peer_id: bytes, epoch: int, samples_accumulated
 
 def sign_report(private_key: PrivateKey, peer_id: ID, run_id: str, epoch: int,
                 samples_accumulated: int, samples_per_second: float, time: float,
-                client_mode: bool, auxiliary: bool = False) -> Report:
+                client_mode: bool, auxiliary: bool = False, *,
+                credential: bytes | None = None) -> Report:
+    """A report signed by ``private_key``, carrying ``credential`` (unsigned) if given."""
     raw = peer_id.to_bytes()
     payload = signing_payload(run_id, raw, epoch, samples_accumulated, samples_per_second,
                               time, client_mode, auxiliary)
     return Report(run_id, raw, epoch, samples_accumulated, float(samples_per_second),
-                  float(time), client_mode, auxiliary, private_key.sign(payload))
+                  float(time), client_mode, auxiliary, private_key.sign(payload), credential)
 
 
 def verify_report(report: Report) -> ID | None:

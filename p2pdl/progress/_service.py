@@ -15,7 +15,12 @@ holds the runs this node tracks; :meth:`ProgressService.track` opens a
   report came for ``partition_timeout`` (gossip partitioned).
 
 Members are the peers whose reports the view holds or whose snapshot
-entries have not expired.  The logic is in ``_state`` (sans-IO).
+entries have not expired.  A report enters the view only if its peer is a
+member of the run as the node's membership says (``context.members``; a
+credential the report carries is offered to it first), and only within its
+role's caps; a monitor's reports count for nothing.  Peers caught beyond
+their caps or far ahead of the quorum's epoch are written in the node's
+flag book (``context.flags``).  The logic is in ``_state`` (sans-IO).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from ..dht import DHTService, Schema
 from ..errors import CallTimeoutError, ConfigError, LocalProtocolError, P2PDLError
 from ..service import (
     ReachabilityView,
+    Role,
     RpcEndpoint,
     ServiceContext,
     Statistics,
@@ -65,6 +71,7 @@ from ._state import (
 )
 from .config import (
     MAX_ADDRS,
+    MAX_CREDENTIAL_SIZE,
     MAX_DIGEST,
     MAX_REPORTS,
     SNAPSHOT_PREFIX,
@@ -106,6 +113,11 @@ class TrackerStatistics(Statistics):
     dropped_absurd: int = 0
     dropped_wrong_run: int = 0
     dropped_full: int = 0
+    dropped_not_member: int = 0
+    dropped_impossible: int = 0
+    ignored_monitor: int = 0
+    credentials_learnt: int = 0
+    flagged_epoch_ahead: int = 0
     pushes_sent: int = 0
     pushes_failed: int = 0
     syncs: int = 0
@@ -137,6 +149,8 @@ class ProgressService:
         self._clock = context.clock
         self._dht = dht
         self._reachability = reachability
+        self._members = context.members
+        self._flags = context.flags
         self.config = config or ProgressConfig()
         self._trackers: dict[str, ProgressTracker] = {}
         self._unknown_run = 0
@@ -157,6 +171,18 @@ class ProgressService:
 
     def tracker(self, run_id: str) -> ProgressTracker | None:
         return self._trackers.get(run_id)
+
+    def reported_samples(self, run_id: str, peer: ID, epoch: int) -> int | None:
+        """What ``peer``'s own signed reports say it processed at ``epoch``.
+
+        None when this node tracks no progress for ``run_id`` (no evidence
+        either way); otherwise the largest ``samples_accumulated`` over the
+        reports of ``peer`` at ``epoch`` that this node accepted, 0 when it
+        has none.  Kept for the local epoch and the ones just before and
+        after it, so that a round right after a step can still be judged.
+        """
+        tracker = self._trackers.get(run_id)
+        return None if tracker is None else tracker.reported_samples(peer, epoch)
 
     async def handle(self, ctx: RequestContext, request: Message) -> Message:
         assert isinstance(request, Push)
@@ -250,6 +276,10 @@ class ProgressTracker:
         self._last_live = self._clock()
         self._counters = dict.fromkeys(TRACKER_COUNTERS, 0)
         self._closed = False
+        self._votes = False          # the local epoch counts in the quorum (see _state)
+        self._evidence: dict[int, dict[bytes, int]] = {}   # epoch -> peer -> most samples
+        self._flagged_ahead: dict[bytes, int] = {}          # peer -> quorum epoch flagged at
+        self._credential_warned = False
 
     # -- the local peer ---------------------------------------------------------
 
@@ -300,6 +330,13 @@ class ProgressTracker:
             self._ema.update(samples_accumulated - self._samples, now)
         else:
             self._ema.reset_timer(now)
+        if epoch != self._epoch:
+            # An epoch of its own (a step, a download, a resumed checkpoint):
+            # from now on the local epoch is evidence in the quorum.  A peer
+            # still at the epoch it started with abstains (a joiner at 0 is
+            # no evidence against the swarm it joins).
+            self._votes = True
+            self._prune_evidence(epoch)
         self._epoch, self._samples = epoch, samples_accumulated
         self._local_changed()
 
@@ -314,18 +351,45 @@ class ProgressTracker:
         return PeerReport(self._peer_id.to_bytes(), self._epoch, self._samples,
                           0.0 if self.auxiliary else rate, now, self.client_mode, self.auxiliary)
 
+    def _set_local(self, now: float) -> PeerReport:
+        local = self._local_report(now)
+        self._view.set_local(local, votes=self._votes)
+        return local
+
     def _local_changed(self) -> None:
-        self._view.set_local(self._local_report(self._clock()))
+        self._set_local(self._clock())
         self._wakeup.set()
         self._changed.set()
+
+    def publish_now(self) -> None:
+        """Sign and push a report of the local state now, whatever the publish policy says.
+
+        For a peer about to claim its samples (an all-reduce weight is checked
+        against the sender's own signed reports at that epoch): the pushes
+        start at once and run in the background; this never blocks.  A report
+        with the same content as the last one, published less than
+        ``min_publish_interval`` ago, is not signed again.
+        """
+        if self._closed:
+            raise LocalProtocolError("the tracker is closed")
+        now = self._clock()
+        local = self._set_local(now)
+        last = self._policy.last
+        if last is not None and now - self._policy.last_at < self.config.min_publish_interval \
+                and (last.epoch, last.samples_accumulated, last.client_mode, last.auxiliary) \
+                == (local.epoch, local.samples_accumulated, local.client_mode, local.auxiliary):
+            return
+        self._publish(local, now)
 
     # -- the global view --------------------------------------------------------
 
     def global_progress(self) -> GlobalProgress:
         """The collaboration's progress now, as this peer sees it."""
         now = self._clock()
-        self._view.set_local(self._local_report(now))
-        return self._view.global_progress(now)
+        self._set_local(now)
+        progress = self._view.global_progress(now)
+        self._judge(progress, now)
+        return progress
 
     @property
     def ready_to_step(self) -> bool:
@@ -360,6 +424,47 @@ class ProgressTracker:
             with trio.move_on_after(max(wait, 0.001)):
                 await self._changed.wait()
 
+    def reported_samples(self, peer: ID | bytes, epoch: int) -> int:
+        """The largest count of ``peer``'s accepted reports at ``epoch`` (0: none).
+
+        See :meth:`ProgressService.reported_samples`.  The local peer's own
+        count is its current one.
+        """
+        key = peer.to_bytes() if isinstance(peer, ID) else bytes(peer)
+        if key == self._view.local_peer:
+            return self._samples if epoch == self._epoch else 0
+        best = self._evidence.get(epoch, {}).get(key, 0)
+        report = self._view.report_of(key)
+        if report is not None and report.epoch == epoch:
+            best = max(best, report.samples_accumulated)
+        return best
+
+    def _record_evidence(self, report: Report) -> None:
+        if abs(report.epoch - self._epoch) > 1:
+            return
+        counts = self._evidence.setdefault(report.epoch, {})
+        counts[report.peer_id] = max(counts.get(report.peer_id, 0), report.samples_accumulated)
+
+    def _prune_evidence(self, epoch: int) -> None:
+        for old in [e for e in self._evidence if abs(e - epoch) > 1]:
+            del self._evidence[old]
+
+    def _judge(self, progress: GlobalProgress, now: float) -> None:
+        """Flag the peers ahead of the quorum, once per quorum epoch each."""
+        for peer in progress.ahead:
+            if self._flagged_ahead.get(peer) == progress.quorum_epoch:
+                continue
+            self._flagged_ahead[peer] = progress.quorum_epoch
+            report = self._view.report_of(peer)
+            claimed = report.epoch if report is not None else "?"
+            self._counters["flagged_epoch_ahead"] += 1
+            self._service._flags.flag(peer, self.run_id, "epoch_ahead", now,
+                                      f"reports epoch {claimed}, the quorum is at "
+                                      f"{progress.quorum_epoch}")
+        if len(self._flagged_ahead) > self.config.max_peers:
+            for peer in [p for p in self._flagged_ahead if p not in progress.ahead]:
+                del self._flagged_ahead[peer]
+
     def statistics(self) -> TrackerStatistics:
         """Counters (every one present, from 0) and the view's size."""
         return TrackerStatistics(self.run_id, len(self._view), len(self._members()),
@@ -385,16 +490,34 @@ class ProgressTracker:
             logger.debug("run %s: dropped a report of %s: %s", self.run_id,
                          _short(report.peer_id), reason)
             return None
-        if verify_report(report) is None:
+        peer = verify_report(report)
+        if peer is None:
             self._counters["dropped_bad_signature"] += 1
             logger.debug("run %s: dropped a report with a bad signature (claims %s, from %s)",
                          self.run_id, _short(report.peer_id), sender)
             return None
+        members = self._service._members
+        if not members.is_member(peer, self.run_id):
+            if report.credential is None or not members.learn(peer, self.run_id,
+                                                              report.credential):
+                self._counters["dropped_not_member"] += 1
+                logger.debug("run %s: dropped a report of %s: not a member", self.run_id,
+                             _short(report.peer_id))
+                return None
+            self._counters["credentials_learnt"] += 1
+        role = members.role_of(peer, self.run_id)
+        if role is Role.MONITOR:
+            # A monitor follows the run: it gets the gossip, its reports count
+            # for nothing (not in the view, not forwarded, no evidence).
+            self._counters["ignored_monitor"] += 1
+            self._add_contact(report.peer_id, now + self.config.report_ttl)
+            return None
         live = sender is not None and sender.to_bytes() == report.peer_id
-        verdict = self._view.offer(_peer_report(report), now, live=live)
+        verdict = self._view.offer(_peer_report(report), now, live=live, role=role)
         if verdict is Verdict.ACCEPTED:
             self._counters["reports_accepted"] += 1
             self._signed[report.peer_id] = report
+            self._record_evidence(report)
             if self._add_contact(report.peer_id, now + self.config.report_ttl) and not live:
                 # Heard of it through a third peer: introduce ourselves, so that
                 # membership spreads in one round trip, not one sync interval.
@@ -409,6 +532,10 @@ class ProgressTracker:
             self._counters["dropped_full"] += 1
         elif verdict is Verdict.ABSURD:
             self._counters["dropped_absurd"] += 1
+        elif verdict is Verdict.IMPOSSIBLE:
+            self._counters["dropped_impossible"] += 1
+            kind, detail = self._view.last_problem or ("impossible_samples", "")
+            self._service._flags.flag(peer, self.run_id, kind, now, detail)
         return verdict
 
     def _on_push(self, sender: ID, request: Push) -> Reports:
@@ -536,9 +663,9 @@ class ProgressTracker:
     async def _publisher(self) -> None:
         while True:
             now = self._clock()
-            local = self._local_report(now)
-            self._view.set_local(local)
+            local = self._set_local(now)
             progress = self._view.global_progress(now)
+            self._judge(progress, now)
             due = self._policy.next_publish(local, progress, self._ema.typical_batch, now)
             if due <= now:
                 self._publish(local, now)
@@ -551,7 +678,8 @@ class ProgressTracker:
         previous = self._own
         self._own = sign_report(self._key, self._peer_id, self.run_id, local.epoch,
                                 local.samples_accumulated, local.samples_per_second, now,
-                                local.client_mode, local.auxiliary)
+                                local.client_mode, local.auxiliary,
+                                credential=self._credential())
         self._policy.published(local, now)
         self._counters["reports_published"] += 1
         if previous is None:
@@ -559,6 +687,18 @@ class ProgressTracker:
         self._expire_contacts(now)
         for peer in self._push_targets():
             self._schedule_push(peer)
+
+    def _credential(self) -> bytes | None:
+        """This node's proof of membership of the run, to ride on its own reports."""
+        credential = self._service._members.credential(self.run_id)
+        if credential is not None and len(credential) > MAX_CREDENTIAL_SIZE:
+            if not self._credential_warned:
+                self._credential_warned = True
+                logger.warning("run %s: the membership credential (%d bytes) exceeds %d bytes "
+                               "and is not attached to reports", self.run_id, len(credential),
+                               MAX_CREDENTIAL_SIZE)
+            return None
+        return credential
 
     async def _anti_entropy(self) -> None:
         while True:

@@ -1,15 +1,25 @@
 """Progress logic without I/O: the global view, the publish policy, the rate EMA.
 
 Time is always an argument (wall-clock seconds, the clock reports are
-stamped with).  The rules are DeDLOC's (Diskin et al. 2021; protocols/progress.md):
+stamped with).  The rules are DeDLOC's (Diskin et al. 2021; protocols/progress.md),
+with the epoch set by a quorum rather than by the highest report:
 
 * a peer's count is extrapolated by its rate: ``samples + (now - time) * sps``;
 * peers silent for ``report_ttl`` are left out;
-* the global epoch is the highest epoch of a non-client peer;
+* the **quorum epoch** Q is the highest epoch E that more than
+  ``quorum_fraction`` of the live trainers (non-client, non-auxiliary peers,
+  the local one included once it has an epoch of its own, see
+  :meth:`ProgressView.set_local`) report or exceed;
+* the global epoch is the highest epoch of the local peer and of the
+  non-client peers that is at most Q + 1 (a trainer one epoch ahead has just
+  stepped); a non-client peer more than one epoch ahead of Q is **ahead**:
+  it moves nobody, and its samples and rate count for nothing;
 * only peers at the global epoch count towards the target; every live
-  peer's rate counts towards the ETA (peers behind will catch up);
+  peer's rate, but those ahead, counts towards the ETA (peers behind will
+  catch up);
 * a peer is ready to step when the reported count reaches the target, or
-  the ETA (plus ``eta_grace``) has passed, or a newer epoch exists.
+  the ETA (plus ``eta_grace``) has passed, or a newer epoch exists;
+* a report beyond its role's caps (:func:`check_role_caps`) is refused.
 
 Clock skew: a report received straight from its peer (live) tells the
 receiver that peer's clock offset (``time - received_at``, transit
@@ -24,10 +34,11 @@ import dataclasses
 import enum
 import math
 
+from ..service import Role
 from .config import MAX_COUNT, ProgressConfig
 
 __all__ = ["GlobalProgress", "ProgressView", "PublishPolicy", "RateEMA", "PeerReport",
-           "Verdict", "check_report_values"]
+           "Verdict", "check_report_values", "check_role_caps", "quorum_epoch"]
 
 
 class Verdict(enum.Enum):
@@ -39,6 +50,7 @@ class Verdict(enum.Enum):
     WRONG_RUN = "wrong_run"
     FULL = "full"              # the view holds max_peers peers already
     SELF = "self"              # a report of the local peer, sent back by others
+    IMPOSSIBLE = "impossible"  # beyond its role's caps (ProgressView.last_problem says how)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +74,10 @@ class GlobalProgress:
     (facts); ``estimated_samples`` extrapolates each by its rate (a guess);
     ``eta_next_epoch`` is when the estimate reaches the target (wall clock,
     ``inf`` when nobody makes progress).  ``num_peers`` counts live peers,
-    this one included.
+    this one included.  ``quorum_epoch`` is the epoch a quorum of the live
+    trainers has reached (the module docstring); ``ahead`` holds the ids of
+    the peers more than one epoch ahead of it, whose reports move nobody
+    (state donors are to be picked among the others).
     """
 
     epoch: int
@@ -76,6 +91,8 @@ class GlobalProgress:
     eta_next_epoch: float
     ready_to_step: bool
     time: float
+    quorum_epoch: int = 0
+    ahead: frozenset[bytes] = frozenset()
 
 
 def check_report_values(report: PeerReport, now: float, config: ProgressConfig) -> str | None:
@@ -89,9 +106,69 @@ def check_report_values(report: PeerReport, now: float, config: ProgressConfig) 
         return f"samples_per_second {sps} outside [0, {config.max_samples_per_second:g}]"
     if not math.isfinite(report.time) or report.time > now + config.max_clock_skew:
         return f"time {report.time:.3f} is more than {config.max_clock_skew:g} s ahead"
-    if report.auxiliary and report.samples_accumulated:
-        return "an auxiliary peer reported samples"
     return None
+
+
+def check_role_caps(report: PeerReport, previous: PeerReport | None, elapsed: float,
+                    role: Role | None, target_batch_size: int,
+                    config: ProgressConfig) -> tuple[str, str] | None:
+    """``(kind, detail)`` when ``report`` claims more than its role allows, else None.
+
+    ``previous`` is the last report of the same peer this node took (None if
+    none), ``elapsed`` the time between the two on this node's clock.
+    ``role`` is the peer's role where the run binds roles (certificate runs;
+    None: the report's own flags are all there is).  Kinds: ``role_mismatch``
+    (a certified auxiliary reports as a trainer), ``impossible_rate`` (a rate
+    above the role's cap), ``impossible_samples`` (samples from an auxiliary
+    peer, a count that grew faster than the cap allows within one epoch, or a
+    first report at an epoch beyond ``first_report_factor`` targets).
+    """
+    if role is Role.AUXILIARY and not report.auxiliary:
+        return "role_mismatch", "a certified auxiliary peer reports as a trainer"
+    sps = report.samples_per_second
+    if report.auxiliary:
+        if report.samples_accumulated:
+            return "impossible_samples", (f"an auxiliary peer reported "
+                                          f"{report.samples_accumulated} samples")
+        if sps:
+            return "impossible_rate", f"an auxiliary peer reported {sps:g} samples/s"
+        return None
+    cap = (config.max_client_samples_per_second if report.client_mode
+           else config.max_trainer_samples_per_second)
+    if sps > cap:
+        return "impossible_rate", f"{sps:g} samples/s above the cap of {cap:g}"
+    samples = report.samples_accumulated
+    if previous is not None and previous.epoch == report.epoch:
+        allowed = previous.samples_accumulated + cap * (max(0.0, elapsed) + config.burst_seconds)
+        if samples > allowed:
+            grown = samples - previous.samples_accumulated
+            return "impossible_samples", (f"{samples} samples at epoch {report.epoch}, {grown} "
+                                          f"more than {elapsed:.2f} s before (at most "
+                                          f"{allowed:.0f})")
+        return None
+    allowed = config.first_report_factor * target_batch_size + cap * config.burst_seconds
+    if samples > allowed:
+        return "impossible_samples", (f"a first report of {samples} samples at epoch "
+                                      f"{report.epoch} (at most {allowed:.0f})")
+    return None
+
+
+def quorum_epoch(epochs: list[int], fraction: float) -> int | None:
+    """The highest epoch E such that more than ``fraction`` of ``epochs`` are >= E.
+
+    None for no epochs.  With ``fraction`` 0.5: one epoch gives itself, two
+    give the lower (no strict majority exists beyond both), three the median.
+    """
+    if not epochs:
+        return None
+    ranked = sorted(epochs, reverse=True)
+    share = fraction * len(ranked)
+    needed = max(1, math.floor(share))   # the least count above the share, in floats
+    while needed <= share:
+        needed += 1
+    while needed > 1 and needed - 1 > share:
+        needed -= 1
+    return ranked[min(needed, len(ranked)) - 1]
 
 
 @dataclasses.dataclass
@@ -106,6 +183,8 @@ class ProgressView:
 
     The local peer's own state is set with :meth:`set_local` (it is never
     stale); other peers' reports come in through :meth:`offer`.
+    ``last_problem`` is ``(kind, detail)`` of the latest report refused as
+    :attr:`Verdict.IMPOSSIBLE`.
     """
 
     def __init__(self, local_peer: bytes, target_batch_size: int,
@@ -116,17 +195,26 @@ class ProgressView:
         self._entries: dict[bytes, _Entry] = {}
         self._offsets: dict[bytes, float] = {}
         self.local = PeerReport(local_peer, 0, 0, 0.0, 0.0)
+        self.local_votes = True
+        self.last_problem: tuple[str, str] | None = None
 
     # -- input ----------------------------------------------------------------
 
-    def set_local(self, report: PeerReport) -> None:
+    def set_local(self, report: PeerReport, *, votes: bool = True) -> None:
+        """The local peer's state.  ``votes``: whether its epoch counts in the
+        quorum (a peer that just started, at an epoch nobody gave it, abstains:
+        its epoch is no evidence against the others')."""
         self.local = report
+        self.local_votes = votes
 
-    def offer(self, report: PeerReport, now: float, *, live: bool = False) -> Verdict:
+    def offer(self, report: PeerReport, now: float, *, live: bool = False,
+              role: Role | None = None) -> Verdict:
         """Take ``report`` (its signature already verified) received at ``now``.
 
         ``live``: it came straight from its own peer, just now, so it tells
-        that peer's clock offset.
+        that peer's clock offset.  ``role``: the peer's role where the run
+        binds roles (None: the report's flags are all there is); reports
+        beyond the role's caps are :attr:`Verdict.IMPOSSIBLE`.
         """
         if report.peer_id == self.local_peer:
             return Verdict.SELF
@@ -135,6 +223,16 @@ class ProgressView:
         old = self._entries.get(report.peer_id)
         if old is not None and (report.epoch, report.time) <= (old.report.epoch, old.report.time):
             return Verdict.STALE
+        # The caps are judged on this node's clock: a live report is placed at
+        # its arrival (its offset is at most its own), so a peer's stamps
+        # cannot stretch the time it had.
+        anchor = now if live else self._anchor(report, now)
+        problem = check_role_caps(report, old.report if old is not None else None,
+                                  anchor - old.anchor if old is not None else 0.0, role,
+                                  self.target_batch_size, self.config)
+        if problem is not None:
+            self.last_problem = problem
+            return Verdict.IMPOSSIBLE
         if live:
             offset = report.time - now
             previous = self._offsets.get(report.peer_id)
@@ -189,17 +287,28 @@ class ProgressView:
         """The global view at ``now``, and whether the local peer is ready to step."""
         ttl = self.config.report_ttl
         local = self.local
-        live: list[tuple[PeerReport, float]] = [(local, now)]
-        live += [(e.report, e.anchor) for e in self._entries.values() if now - e.anchor <= ttl]
+        others = [(e.report, e.anchor) for e in self._entries.values() if now - e.anchor <= ttl]
+        live: list[tuple[PeerReport, float]] = [(local, now), *others]
+        voters = [r.epoch for r, _ in others if _is_trainer(r)]
+        if self.local_votes and _is_trainer(local):
+            voters.append(local.epoch)
+        quorum = quorum_epoch(voters, self.config.quorum_fraction)
+        if quorum is None:   # no trainer to ask: the local peer follows itself
+            quorum = local.epoch
+        # Clients never set the epoch, so a client's epoch misleads nobody.
+        ahead = frozenset(r.peer_id for r, _ in others
+                          if not r.client_mode and r.epoch > quorum + 1)
         epoch = local.epoch
-        for report, _ in live:
-            if not report.client_mode:
+        for report, _ in others:
+            if not report.client_mode and report.epoch <= quorum + 1:
                 epoch = max(epoch, report.epoch)
         reported = 0
         estimated = 0.0
         total_sps = 0.0
         extrapolated_sps = 0.0  # the rate at which the estimate grows
         for report, anchor in live:
+            if report.peer_id in ahead:
+                continue
             total_sps += report.samples_per_second
             if report.epoch == epoch:
                 reported += report.samples_accumulated
@@ -223,7 +332,8 @@ class ProgressView:
             target_batch_size=self.target_batch_size, num_peers=len(live),
             num_clients=sum(r.client_mode for r, _ in live),
             num_auxiliary=sum(r.auxiliary for r, _ in live),
-            samples_per_second=total_sps, eta_next_epoch=eta, ready_to_step=ready, time=now)
+            samples_per_second=total_sps, eta_next_epoch=eta, ready_to_step=ready, time=now,
+            quorum_epoch=quorum, ahead=ahead)
 
     def ready_at(self, now: float) -> float:
         """When the local peer becomes ready if no new report arrives (``now`` if it is)."""
@@ -231,6 +341,12 @@ class ProgressView:
         if progress.ready_to_step:
             return now
         return progress.eta_next_epoch + self.config.eta_grace
+
+
+def _is_trainer(report: PeerReport) -> bool:
+    """Trainers vote on the epoch: clients do not set it (they cannot serve
+    their state), auxiliary peers only follow the trainers."""
+    return not report.client_mode and not report.auxiliary
 
 
 class RateEMA:

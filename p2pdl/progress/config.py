@@ -18,6 +18,8 @@ MAX_ADDRS = 8                  # addresses of a peer in a snapshot entry
 MAX_ADDR_LENGTH = 256          # characters of one address
 #: Largest sample count or epoch a report may carry (exact in a float64).
 MAX_COUNT = 2**53
+#: Largest membership credential (certificate bytes) a report may carry.
+MAX_CREDENTIAL_SIZE = 2048
 
 #: DHT key prefix of the snapshots: ``p2pdl/progress/<run id>``, one signed
 #: subkey per peer.
@@ -78,6 +80,24 @@ class ProgressConfig:
             Default 16.
         max_concurrent_pushes: pushes one run has in flight at once.  Default 64.
         rate_half_life: half-life of the samples-per-second EMA.  Default 5 s.
+        quorum_fraction: the quorum epoch is the highest epoch that more than
+            this fraction of the live trainers (non-client, non-auxiliary
+            peers) report or exceed; a report more than one epoch ahead of it
+            moves nobody.  In ``[0, 1)``; 0 gives the highest epoch of any
+            trainer.  Default 0.5 (a strict majority).
+        max_trainer_samples_per_second: the rate cap of a trainer's reports
+            (and the rate its count may grow at within an epoch).
+            Default 1e6.
+        max_client_samples_per_second: the same for client-mode peers.
+            Default 1e6.  (Auxiliary peers report no samples and no rate.)
+        burst_seconds: within one epoch, a peer's count may grow between two
+            of its reports by at most ``cap * (elapsed + burst_seconds)``
+            samples (``elapsed`` on this node's clock): counts move in
+            batches and reports arrive with jitter.  Default 2 s.
+        first_report_factor: the first report of a peer at an epoch that this
+            node takes may carry at most ``first_report_factor *
+            target_batch_size + cap * burst_seconds`` samples (an honest peer
+            steps once the collaboration has the target).  Default 2.
     """
 
     heartbeat_interval: float = 5.0
@@ -100,6 +120,11 @@ class ProgressConfig:
     max_runs: int = 16
     max_concurrent_pushes: int = 64
     rate_half_life: float = 5.0
+    quorum_fraction: float = 0.5
+    max_trainer_samples_per_second: float = 1e6
+    max_client_samples_per_second: float = 1e6
+    burst_seconds: float = 2.0
+    first_report_factor: float = 2.0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -119,5 +144,8 @@ class ProgressConfig:
         if self.heartbeat_interval >= self.report_ttl:
             raise ConfigError("ProgressConfig.heartbeat_interval must be below report_ttl, "
                               "or live peers would expire between their reports")
+        if self.quorum_fraction >= 1:
+            raise ConfigError("ProgressConfig.quorum_fraction must be below 1 "
+                              "(more than all trainers can never agree)")
         if self.snapshot_interval >= self.snapshot_ttl:
             raise ConfigError("ProgressConfig.snapshot_interval must be below snapshot_ttl")

@@ -26,6 +26,7 @@ from libp2p.peer.id import ID
 from .. import NodeConfig, TrioNode, open_node
 from .._concurrency import open_service_nursery
 from ..errors import CallTimeoutError
+from ..service import AdmissionGate
 from ._memory import MemoryNetwork, open_memory_host
 
 __all__ = ["MemorySwarm", "open_memory_swarm", "open_memory_nodes", "trio_clock"]
@@ -60,19 +61,22 @@ class MemorySwarm:
         self.nodes: list[TrioNode] = []
 
     async def add(self, config: NodeConfig | None = None, *, reachable: bool = True,
-                  clock: Callable[[], float] | None = None) -> TrioNode:
+                  clock: Callable[[], float] | None = None,
+                  admission: AdmissionGate | None = None) -> TrioNode:
         """Start one node; returns it once every service is ready.
 
         ``config.host.initial_peers`` are dialled (and redialled) as on a real
         host.  ``reachable=False``: the node is behind NAT.  ``clock``: this
         node's wall clock (default the swarm's), to skew one node's time.
+        ``admission``: the node's gate (default: it admits everyone).
         """
         node: TrioNode = await self._nursery.start(self._run, config or NodeConfig(), reachable,
-                                                   clock or self.clock)
+                                                   clock or self.clock, admission)
         self.nodes.append(node)
         return node
 
     async def _run(self, config: NodeConfig, reachable: bool, clock: Callable[[], float],
+                   admission: AdmissionGate | None,
                    task_status: trio.TaskStatus[TrioNode] = trio.TASK_STATUS_IGNORED) -> None:
         ended = trio.Event()
         peer_id: ID | None = None
@@ -80,7 +84,8 @@ class MemorySwarm:
             with trio.CancelScope() as scope:
                 async with open_memory_host(self.network, config.host,
                                             reachable=reachable) as host, \
-                        open_node(config, host=host, clock=clock) as node:  # type: ignore[arg-type]
+                        open_node(config, host=host, clock=clock,  # type: ignore[arg-type]
+                                  admission=admission) as node:
                     peer_id = node.peer_id
                     self._running[peer_id] = (scope, ended)
                     task_status.started(node)

@@ -10,6 +10,8 @@ from hypothesis import strategies as st
 
 from p2pdl.errors import ConfigError
 from p2pdl.progress import PeerReport, ProgressConfig, ProgressView, PublishPolicy, RateEMA, Verdict
+from p2pdl.progress._state import check_role_caps, quorum_epoch
+from p2pdl.service import Role
 
 ME = b"me"
 T = 1_000_000.0
@@ -129,10 +131,13 @@ def test_unknown_offset_never_places_a_report_after_its_arrival():
 def test_absurd_reports_are_refused():
     v = view(max_samples_per_second=1e6, max_clock_skew=10.0)
     cases = [report(b"a", -1), report(b"a", 1, -5.0), report(b"a", 1, 2e6),
-             report(b"a", 1, math.nan), report(b"a", 1, time=T + 60), report(b"a", 5, aux=True),
+             report(b"a", 1, math.nan), report(b"a", 1, time=T + 60),
              report(b"a", 1, epoch=-1), report(b"a", 2**60)]
     for bad in cases:
         assert v.offer(bad, T) is Verdict.ABSURD, bad
+    # Samples from an auxiliary peer are beyond its role (and its sender is flagged).
+    assert v.offer(report(b"a", 5, aux=True), T) is Verdict.IMPOSSIBLE
+    assert v.last_problem[0] == "impossible_samples"
     assert len(v) == 0
     assert v.offer(report(b"a", 1, time=T + 9), T) is Verdict.ACCEPTED  # within the skew
 
@@ -250,3 +255,200 @@ def test_endgame_by_missing_samples_even_when_the_rates_are_wrong():
     assert g.eta_next_epoch - (T + 0.3) > 5      # the rates say "far"
     # ... but 150 samples of 16000 are missing: every change is published.
     assert p.next_publish(report(ME, 1000, 1.0, T + 0.3), g, 10.0, T + 0.3) <= T + 0.3
+
+
+# -- the epoch by quorum ------------------------------------------------------------------
+
+@pytest.mark.parametrize("epochs, fraction, expected", [
+    ([], 0.5, None),
+    ([4], 0.5, 4),              # a lone trainer is its own quorum
+    ([4, 9], 0.5, 4),           # two: no strict majority beyond both
+    ([4, 4, 9], 0.5, 4),
+    ([4, 5, 9], 0.5, 5),        # three: the median
+    ([3, 4, 5, 9], 0.5, 4),     # four: three of them must have reached it
+    ([4, 4, 5, 5], 0.5, 4),
+    ([4, 5, 5, 5], 0.5, 5),
+    ([3, 4, 5, 9], 0.0, 9),     # fraction 0: the highest (the rule before quorums)
+    ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 0.7, 3),   # more than 7 of 10 at >= 3
+])
+def test_quorum_epoch_table(epochs, fraction, expected):
+    assert quorum_epoch(epochs, fraction) == expected
+
+
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=30),
+       st.sampled_from([0.0, 0.25, 0.3, 0.5, 0.6, 2 / 3, 0.7, 0.9]))
+def test_quorum_epoch_is_the_highest_epoch_more_than_the_fraction_reached(epochs, fraction):
+    q = quorum_epoch(epochs, fraction)
+    assert q in epochs
+    assert sum(e >= q for e in epochs) > fraction * len(epochs)
+    for higher in {e for e in epochs if e > q}:
+        assert not sum(e >= higher for e in epochs) > fraction * len(epochs)
+
+
+def trainers(v: ProgressView, epochs: dict[bytes, int], samples: int = 10) -> None:
+    for peer, epoch in epochs.items():
+        assert v.offer(report(peer, samples, 1.0, T, epoch=epoch), T, live=True) \
+            is Verdict.ACCEPTED
+
+
+def test_an_epoch_liar_among_honest_peers_moves_nobody():
+    v = view(target=1000)
+    v.set_local(report(ME, 100, 1.0, T, epoch=7))
+    trainers(v, {b"a": 7, b"b": 7, b"c": 7})
+    v.offer(report(b"liar", 900, 1.0, T, epoch=10**6), T, live=True)
+    g = v.global_progress(T)
+    assert g.quorum_epoch == 7 and g.epoch == 7 and g.ahead == {b"liar"}
+    # Not a newer epoch, not samples towards the target, not a rate towards the ETA.
+    assert not g.ready_to_step and g.samples_accumulated == 130
+    assert g.samples_per_second == 4.0
+
+
+def test_a_peer_one_epoch_ahead_of_the_quorum_makes_the_others_ready():
+    v = view(target=1000)
+    v.set_local(report(ME, 100, 1.0, T, epoch=7))
+    trainers(v, {b"a": 7, b"b": 7, b"c": 8})      # c has just stepped
+    g = v.global_progress(T)
+    assert g.quorum_epoch == 7 and g.epoch == 8 and g.ready_to_step and not g.ahead
+    assert g.samples_accumulated == 10             # only c is at epoch 8
+
+
+def test_a_liar_two_epochs_ahead_is_ahead_and_a_liar_one_ahead_is_not():
+    v = view()
+    v.set_local(report(ME, 0, 0.0, T, epoch=3))
+    trainers(v, {b"a": 3, b"b": 3, b"liar": 5})
+    assert v.global_progress(T).ahead == {b"liar"}
+    # A report's epoch never goes back in the view: the liar stays ahead.
+    assert v.offer(report(b"liar", 0, 0.0, T + 1, epoch=4), T + 1, live=True) is Verdict.STALE
+    v.forget(b"liar")
+    v.offer(report(b"liar2", 0, 0.0, T + 1, epoch=4), T + 1, live=True)
+    # One ahead looks like a peer that just stepped: a limit of the rule.
+    g = v.global_progress(T + 1)
+    assert not g.ahead and g.epoch == 4 and g.ready_to_step
+
+
+def test_two_peers_a_lone_honest_peer_ignores_a_liar_far_ahead():
+    v = view()
+    v.set_local(report(ME, 50, 1.0, T, epoch=4))     # it has an epoch of its own: it votes
+    trainers(v, {b"liar": 9})
+    g = v.global_progress(T)
+    assert g.quorum_epoch == 4 and g.epoch == 4 and g.ahead == {b"liar"}
+    assert not g.ready_to_step
+
+
+def test_a_joiner_that_does_not_vote_follows_the_swarm_it_joins():
+    v = view()
+    v.set_local(report(ME, 0, 0.0, T, epoch=0), votes=False)
+    trainers(v, {b"a": 40})          # even a single veteran: the joiner is no evidence
+    g = v.global_progress(T)
+    assert g.quorum_epoch == 40 and g.epoch == 40 and g.ready_to_step
+    v.set_local(report(ME, 0, 0.0, T, epoch=0), votes=False)
+    trainers(v, {b"b": 40, b"c": 39})
+    assert v.global_progress(T).epoch == 40
+
+
+def test_a_peer_ahead_of_the_quorum_keeps_its_own_epoch():
+    # A veteran among joiners that are the majority: it does not go back.
+    v = view()
+    v.set_local(report(ME, 10, 1.0, T, epoch=40))
+    trainers(v, {b"a": 0, b"b": 0})
+    g = v.global_progress(T)
+    assert g.quorum_epoch == 0 and g.epoch == 40 and not g.ahead
+    assert g.samples_accumulated == 10 and not g.ready_to_step
+
+
+def test_clients_and_auxiliary_peers_do_not_vote():
+    v = view()
+    v.set_local(report(ME, 0, 0.0, T, epoch=2))
+    v.offer(report(b"aux", 0, 0.0, T, epoch=2, aux=True), T, live=True)
+    v.offer(report(b"c1", 0, 0.0, T, epoch=2, client=True), T, live=True)
+    v.offer(report(b"c2", 0, 0.0, T, epoch=2, client=True), T, live=True)
+    trainers(v, {b"a": 6})
+    # Voters: this peer (2) and a (6): the quorum is 2, a is ahead.
+    g = v.global_progress(T)
+    assert g.quorum_epoch == 2 and g.ahead == {b"a"} and g.epoch == 2
+
+
+@given(st.integers(0, 1000), st.lists(st.booleans(), min_size=0, max_size=8),
+       st.lists(st.integers(2, 10**6), min_size=0, max_size=8))
+def test_liars_fewer_than_the_honest_move_nobody_beyond_one_epoch(epoch, honest_ahead, lies):
+    """Honest trainers at E or E+1 (this one at E), liars anywhere above: with the
+    honest a strict majority, the epoch is at most one beyond what the honest reached."""
+    if not len(lies) < len(honest_ahead) + 1:
+        lies = lies[:len(honest_ahead)]
+    v = view()
+    v.set_local(report(ME, 0, 0.0, T, epoch=epoch))
+    for i, stepped in enumerate(honest_ahead):
+        v.offer(report(b"h%d" % i, 0, 0.0, T, epoch=epoch + stepped), T, live=True)
+    for i, lie in enumerate(lies):
+        v.offer(report(b"l%d" % i, 0, 0.0, T, epoch=epoch + lie), T, live=True)
+    g = v.global_progress(T)
+    highest_honest = epoch + max(honest_ahead, default=0)
+    assert epoch <= g.quorum_epoch <= highest_honest
+    assert g.epoch <= g.quorum_epoch + 1 <= highest_honest + 1
+    assert all(b"l%d" % i in g.ahead for i, lie in enumerate(lies)
+               if epoch + lie > g.quorum_epoch + 1)
+
+
+def test_quorum_fraction_is_checked():
+    with pytest.raises(ConfigError, match="quorum_fraction"):
+        ProgressConfig(quorum_fraction=1.0)
+
+
+# -- role caps ------------------------------------------------------------------------------
+
+CAPS = dict(max_trainer_samples_per_second=100.0, max_client_samples_per_second=50.0,
+            burst_seconds=1.0, first_report_factor=2.0)
+
+
+def test_a_trainer_rate_above_its_cap_is_impossible():
+    v = view(target=1000, **CAPS)
+    assert v.offer(report(b"a", 0, 101.0), T) is Verdict.IMPOSSIBLE
+    assert v.last_problem[0] == "impossible_rate"
+    assert v.offer(report(b"a", 0, 100.0), T) is Verdict.ACCEPTED
+    assert v.offer(report(b"c", 0, 60.0, client=True), T) is Verdict.IMPOSSIBLE
+    assert v.offer(report(b"c", 0, 50.0, client=True), T) is Verdict.ACCEPTED
+
+
+def test_a_count_may_grow_at_the_cap_plus_a_burst_within_an_epoch():
+    v = view(target=1000, **CAPS)
+    assert v.offer(report(b"a", 100, 50.0, T), T, live=True) is Verdict.ACCEPTED
+    # 10 s later on this node's clock: at most 100 + 100 * (10 + 1) samples.
+    assert v.offer(report(b"a", 1201, 50.0, T + 10), T + 10, live=True) is Verdict.IMPOSSIBLE
+    assert v.last_problem[0] == "impossible_samples"
+    assert v.offer(report(b"a", 1200, 50.0, T + 10), T + 10, live=True) is Verdict.ACCEPTED
+    # The peer's own stamps do not stretch the time: a live report is placed on arrival.
+    assert v.offer(report(b"a", 1200 + 900, 50.0, T + 19), T + 11, live=True) \
+        is Verdict.IMPOSSIBLE
+    # A new epoch starts afresh: its first report is bounded by the target.
+    assert v.offer(report(b"a", 2101, 0.0, T + 12, epoch=1), T + 12, live=True) \
+        is Verdict.IMPOSSIBLE   # at most 2 * 1000 + 100 * 1
+    assert v.offer(report(b"a", 2100, 0.0, T + 12, epoch=1), T + 12, live=True) \
+        is Verdict.ACCEPTED
+
+
+def test_auxiliary_peers_report_no_samples_and_no_rate():
+    v = view(**CAPS)
+    assert v.offer(report(b"x", 0, 1.0, aux=True), T) is Verdict.IMPOSSIBLE
+    assert v.last_problem[0] == "impossible_rate"
+    assert v.offer(report(b"x", 3, 0.0, aux=True), T) is Verdict.IMPOSSIBLE
+    assert v.last_problem[0] == "impossible_samples"
+    assert v.offer(report(b"x", 0, 0.0, aux=True), T) is Verdict.ACCEPTED
+
+
+def test_a_certified_auxiliary_reporting_as_a_trainer_is_refused():
+    v = view(**CAPS)
+    assert v.offer(report(b"x", 5, 1.0), T, role=Role.AUXILIARY) is Verdict.IMPOSSIBLE
+    assert v.last_problem[0] == "role_mismatch"
+    assert v.offer(report(b"x", 0, 0.0, aux=True), T, role=Role.AUXILIARY) is Verdict.ACCEPTED
+    # A certified trainer may take the lesser part.
+    assert v.offer(report(b"y", 0, 0.0, aux=True), T, role=Role.TRAINER) is Verdict.ACCEPTED
+
+
+def test_check_role_caps_passes_plausible_reports():
+    config = ProgressConfig(**CAPS)
+    first = report(b"a", 2000, 100.0)
+    assert check_role_caps(first, None, 0.0, None, 1000, config) is None
+    later = report(b"a", 2000 + 100 * 6, 100.0, T + 5)
+    assert check_role_caps(later, first, 5.0, Role.TRAINER, 1000, config) is None
+    # Counts may fall within an epoch (nothing to cap).
+    assert check_role_caps(report(b"a", 0, 0.0), first, 0.0, None, 1000, config) is None
