@@ -94,7 +94,8 @@ SERVICES: tuple[tuple[str, ServiceBuilder], ...] = (
                                                      reachability=s["nat"])),
     ("matchmaking", lambda ctx, cfg, s: MatchmakingService(ctx, cfg.matchmaking, dht=s["dht"],
                                                            reachability=s["nat"])),
-    ("averaging", lambda ctx, cfg, s: AllReduceService(ctx, cfg.allreduce)),
+    ("averaging", lambda ctx, cfg, s: AllReduceService(
+        ctx, cfg.allreduce, weight_evidence=getattr(s["progress"], "reported_samples", None))),
     ("state_sync", lambda ctx, cfg, s: StateSyncService(ctx, cfg.state_sync)),
 )
 

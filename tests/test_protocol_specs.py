@@ -345,9 +345,11 @@ def test_allreduce_definitions_match_the_code():
     rows = definitions(spec("allreduce.md"))
     for name in ("MAX_WEIGHT", "LAYOUT_DIGEST_SIZE", "MAX_SEGMENTS"):
         assert number(rows[name]) == getattr(ar_messages, name), name
-    for name in ("MIN_CHUNK_VALUES", "MAX_CHUNK_VALUES", "MAX_AVERAGING_TIMEOUT"):
+    for name in ("MIN_CHUNK_VALUES", "MAX_CHUNK_VALUES", "MAX_AVERAGING_TIMEOUT",
+                 "MAX_CHUNKS_AHEAD"):
         assert number(rows[name]) == getattr(ar_config, name), name
     assert number(rows["LAYOUT_VERSION"]) == ar_state.LAYOUT_VERSION
+    assert number(rows["MIN_CAPPED_CONTRIBUTORS"]) == ar_state.MIN_CAPPED_CONTRIBUTORS
     for name in ("DONE_LINGER", "MAX_RECENT_GROUPS"):
         assert number(rows[name]) == getattr(ar_service, name), name
     defaults = AllReduceConfig()

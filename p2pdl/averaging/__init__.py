@@ -36,6 +36,7 @@ from ._codecs import codec_from_header as codec_from_header
 from ._codecs import get_codec as get_codec
 from ._round import average_round as average_round
 from .allreduce import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
+from .allreduce import WEIGHT_FLAG as WEIGHT_FLAG
 from .allreduce import AllReduceConfig as AllReduceConfig
 from .allreduce import AllReduceResult as AllReduceResult
 from .allreduce import AllReduceService as AllReduceService
@@ -45,6 +46,8 @@ from .allreduce import Layout as Layout
 from .allreduce import PartReceiver as PartReceiver
 from .allreduce import PartReducer as PartReducer
 from .allreduce import PartResult as PartResult
+from .allreduce import WeightEvidence as WeightEvidence
+from .allreduce import cap_shares as cap_shares
 from .matchmaking import GROUP_ID_DOMAIN as GROUP_ID_DOMAIN
 from .matchmaking import MATCHMAKING_PROTOCOL as MATCHMAKING_PROTOCOL
 from .matchmaking import MATCHMAKING_PROTOCOL_ID as MATCHMAKING_PROTOCOL_ID

@@ -129,6 +129,7 @@ class Optimizer:
         resumed = self.state_keeper.resume()
         self._tracker: TrainingTracker = node.progress.track(run_id, target_batch_size,
                                                              auxiliary=config.auxiliary)
+        self.rounds.tracker = self._tracker   # its reports back the rounds' weights
         try:
             if self.state_keeper.epoch:
                 self._tracker.update_epoch(self.state_keeper.epoch)

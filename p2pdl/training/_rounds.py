@@ -12,6 +12,13 @@ compute; an auxiliary peer's rounds carry no values of its own
 What a round's result does to the parameters is the strategy's
 (``_strategies``); what a failed or partial round means for the state, the
 state keeper's (``_state_keeping``).
+
+A round's weight is the samples this peer accumulated for the epoch, the
+count its tracker was just told; reducers cap a weight at what the sender's
+signed progress reports support (docs/allreduce.md), so before each round
+with samples :class:`Rounds` has the tracker publish that report at once
+(``publish_now``, where the tracker has it) rather than when its publish
+policy would.
 """
 
 from __future__ import annotations
@@ -92,10 +99,14 @@ class Rounds:
     training thread only.
     """
 
-    def __init__(self, node: TrainingNode, run_id: str, config: OptimizerConfig) -> None:
+    def __init__(self, node: TrainingNode, run_id: str, config: OptimizerConfig, *,
+                 tracker: TrainingTracker | None = None) -> None:
         self.node = node
         self.run_id = run_id
         self.config = config
+        #: The run's tracker, whose report backs each round's weight (the
+        #: Optimizer sets it once it tracks the run; None: nothing to publish).
+        self.tracker = tracker
         self.pending: PendingRound | None = None
         self._assisted: int | None = None   # the epoch whose round an auxiliary peer joined
         self._seen_others = time.monotonic()   # when the view last had another trainer
@@ -131,14 +142,28 @@ class Rounds:
     def start(self, epoch: int, tensors: Sequence[torch.Tensor], samples: int, *,
               auxiliary: bool = False, grouped: threading.Event | None = None
               ) -> concurrent.futures.Future[AllReduceResult]:
-        """Start the round of ``epoch``, averaging ``tensors`` in place, weighted by ``samples``."""
+        """Start the round of ``epoch``, averaging ``tensors`` in place, weighted by ``samples``.
+
+        ``samples`` must be what the tracker was last told for ``epoch`` (the
+        Optimizer reports its count just before); that report is published
+        first, so that the reducers hold the evidence of this weight.
+        """
         config = self.config
+        if samples > 0 and not auxiliary:
+            self._publish_weight()
         on_group = (lambda group: grouped.set()) if grouped is not None else None
         return self.node.averaging.start_round(
             self.run_id, epoch, tensors, weight=float(samples), config=config.allreduce,
             inplace=True, on_group=on_group, auxiliary=auxiliary,
             matchmaking_time=config.matchmaking_time, target_group_size=config.target_group_size,
             bandwidth=config.bandwidth, reduce_rate=config.reduce_rate)
+
+    def _publish_weight(self) -> None:
+        """Have the tracker publish its report now (if it can), the evidence of
+        the weight the round is about to send."""
+        publish_now = getattr(self.tracker, "publish_now", None)
+        if publish_now is not None:
+            publish_now()
 
     def limit(self) -> float:
         """The longest the training thread waits for a round (s)."""

@@ -508,3 +508,20 @@ def test_close_stops_sharing_and_tracking():
     assert node.state_sync.unshared == ["offline"] and node.tracker.closed
     with pytest.raises(NodeClosedError):
         opt.step()
+
+
+def test_the_weight_a_round_sends_is_the_count_just_reported_and_published():
+    node = FakeNode()
+    published: list[tuple[tuple[int, int | None], int]] = []
+    node.tracker.publish_now = lambda: published.append(   # type: ignore[attr-defined]
+        (node.tracker.reported[-1], len(node.averaging.calls)))
+    node.tracker.view = [fake_progress(0, ready=False), fake_progress(0, ready=False),
+                         fake_progress(0, ready=True)]
+    opt, model = offline(node)
+    for batch in (3, 5):   # batch sizes passed to step() add up to the weight
+        model.weight.grad = torch.tensor([[1.0, 1.0]])
+        opt.step(batch_size=batch)
+    (call,) = node.averaging.calls
+    assert call["weight"] == 8.0 and call["epoch"] == 0
+    assert published == [((8, 0), 0)]   # the report of 8 samples, before the round
+    opt.close()

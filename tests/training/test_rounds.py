@@ -146,3 +146,33 @@ def test_an_auxiliary_round_that_fails_is_reported():
     epoch, info = r.assist(FakeTracker(view=[progress(0, ready=True)]), 0, [torch.ones(1)])
     assert epoch == 0 and info is not None and info.outcome == "failed"
     assert r.statistics()["failed"] == 1 and r.statistics()["rounds"] == 1
+
+
+class PublishingTracker(FakeTracker):
+    """A tracker that can publish its report at once, recording when it did."""
+
+    def __init__(self, node: FakeNode) -> None:
+        super().__init__()
+        self.node = node
+        self.published: list[int] = []   # rounds started before each publish
+
+    def publish_now(self) -> None:
+        self.published.append(len(self.node.averaging.calls))
+
+
+def test_a_round_with_samples_publishes_the_report_that_backs_its_weight_first():
+    node = FakeNode()
+    tracker = PublishingTracker(node)
+    r = Rounds(node, "run", OptimizerConfig(), tracker=tracker)
+    r.start(3, [torch.zeros(2)], 12)
+    assert tracker.published == [0]   # before the round was started
+    r.start(4, [torch.zeros(2)], 0)    # no samples: no weight to back
+    r.start(4, [torch.zeros(2)], 0, auxiliary=True)
+    assert tracker.published == [0] and len(node.averaging.calls) == 3
+
+
+def test_a_tracker_without_publish_now_still_starts_rounds():
+    node = FakeNode()
+    r = Rounds(node, "run", OptimizerConfig(), tracker=FakeTracker())
+    r.start(3, [torch.zeros(2)], 12)
+    assert node.averaging.calls[0]["weight"] == 12.0

@@ -9,21 +9,26 @@ Modules:
 * ``_messages`` -- the protocol: begin, done, reject; the chunks travel as
   TENSOR frames.
 * ``_state`` -- sans-IO: the :class:`Layout` of parts and chunks every member
-  computes, :class:`PartReducer` (weighted sums, exclusions, averages chunk by
-  chunk), :class:`PartReceiver`, the results.
+  computes, :class:`PartReducer` (held chunks, weights bounded by evidence and
+  by :func:`cap_shares`, exclusions, averages chunk by chunk),
+  :class:`PartReceiver`, the results.
 * ``_service`` -- :class:`AllReduceService`: the streams of a butterfly
-  all-reduce, sending, reducing and receiving at once.
+  all-reduce, sending, reducing and receiving at once; each sender's weight
+  bounded by what its progress reports support (``weight_evidence``).
 """
 
 from ._messages import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
 from ._messages import PROTOCOL_ID as PROTOCOL_ID
+from ._service import WEIGHT_FLAG as WEIGHT_FLAG
 from ._service import AllReduceService as AllReduceService
 from ._service import AllReduceStatistics as AllReduceStatistics
+from ._service import WeightEvidence as WeightEvidence
 from ._state import AllReduceResult as AllReduceResult
 from ._state import Contribution as Contribution
 from ._state import Layout as Layout
 from ._state import PartReceiver as PartReceiver
 from ._state import PartReducer as PartReducer
 from ._state import PartResult as PartResult
+from ._state import cap_shares as cap_shares
 from ._state import default_fractions as default_fractions
 from .config import AllReduceConfig as AllReduceConfig

@@ -11,9 +11,11 @@ The rules are in ``_state`` (sans-IO); this module moves the bytes over
   receiving overlap.  Client-mode members only ever dial, so they take part
   as senders; auxiliary members send nothing.
 * as a **reducer**, a member serves those streams: every incoming chunk is
-  added to the weighted sum at once; a chunk is averaged as soon as every
-  sender still counted has delivered it, and sent back to every sender that
-  wants it.
+  decoded and held (at most ``max_chunks_ahead`` per sender); a chunk is
+  averaged as soon as every sender still counted has delivered it -- each
+  sender's weight capped by the evidence of its progress reports
+  (``weight_evidence``) and by the share cap -- and sent back to every
+  sender that wants it.
 
 Everything is bounded by the call's ``averaging_timeout`` and the tasks live
 in the call's nursery, except incoming streams, which run in the node's
@@ -26,7 +28,7 @@ import collections
 import dataclasses
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -68,10 +70,20 @@ from .config import AllReduceConfig
 
 if TYPE_CHECKING:
     import torch
+    from libp2p.peer.id import ID
 
     from ..matchmaking import Group
 
-__all__ = ["AllReduceService", "AllReduceStatistics", "MAX_RECENT_GROUPS"]
+__all__ = ["AllReduceService", "AllReduceStatistics", "WeightEvidence", "MAX_RECENT_GROUPS",
+           "WEIGHT_FLAG"]
+
+#: ``weight_evidence(run_id, peer, epoch)``: the largest sample count the peer's
+#: own signed progress reports for that epoch of the run support; None when this
+#: node tracks no progress for the run (no evidence either way).
+WeightEvidence = Callable[[str, "ID", int], "int | None"]
+
+#: The FlagBook kind of a sender whose weight exceeded what its reports support.
+WEIGHT_FLAG = "weight_beyond_evidence"
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +98,13 @@ DONE_LINGER = 2.0
 @dataclasses.dataclass(frozen=True)
 class AllReduceStatistics(Statistics):
     """What ``AllReduceService.statistics()`` says: counters (every one present,
-    from 0), the calls running (``active``) and the streams waiting for theirs."""
+    from 0), the calls running (``active``) and the streams waiting for theirs.
+
+    ``weights_capped``: senders whose weight this node's reducer lowered to
+    what their progress reports support (each is flagged
+    ``weight_beyond_evidence``).  ``weights_share_capped``: (round, member)
+    pairs whose weight the share cap lowered in some chunk of this node's part.
+    """
 
     active: int
     waiting: int
@@ -98,6 +116,8 @@ class AllReduceStatistics(Statistics):
     senders_failed: int = 0
     streams_rejected: int = 0
     protocol_errors: int = 0
+    weights_capped: int = 0
+    weights_share_capped: int = 0
 
 
 #: The counters of :meth:`AllReduceService.statistics`.
@@ -154,11 +174,26 @@ class _Session:
 
 
 class AllReduceService:
-    """Butterfly all-reduce for groups from matchmaking (``node.averaging``)."""
+    """Butterfly all-reduce for groups from matchmaking (``node.averaging``).
 
-    def __init__(self, context: ServiceContext, config: AllReduceConfig | None = None) -> None:
+    ``weight_evidence(run_id, peer, epoch)``: the largest sample count a
+    peer's own signed progress reports for that epoch support, or None where
+    this node tracks no progress for the run (the node passes
+    ``ProgressService.reported_samples``).  A reducer caps each sender's
+    weight at ``evidence * (1 + weight_slack) + weight_slack_samples``, and
+    flags (``context.flags``, kind ``weight_beyond_evidence``) and counts the
+    senders it capped.  Without it, or where it says None, only the share cap
+    (``max_weight_share``) bounds a sender's weight.
+    """
+
+    def __init__(self, context: ServiceContext, config: AllReduceConfig | None = None, *,
+                 weight_evidence: WeightEvidence | None = None) -> None:
         self._host = context.host
         self._wire = context.wire
+        self._clock = context.clock
+        self._flags = context.flags
+        self._introduce = context.introduce
+        self._evidence = weight_evidence
         self._config = config or AllReduceConfig()
         self._sessions: dict[bytes, _Session] = {}
         self._recent: collections.OrderedDict[bytes, None] = collections.OrderedDict()
@@ -195,8 +230,12 @@ class AllReduceService:
         order) and the same ``config.codecs`` / ``chunk_values``.  Returns an
         :class:`AllReduceResult` whose ``tensors`` are the weighted mean over
         the contributors (this member's own values where a part did not
-        complete: see ``result.parts``).  With ``inplace=True`` the results
-        are also written into ``tensors``.  Never raises for what other
+        complete: see ``result.parts``), with the weights as each part's
+        reducer counted them: bounded by the evidence of the sender's
+        progress reports and by ``max_weight_share`` (docs/allreduce.md,
+        Weights; each contribution's ``weight`` is their sum).  With
+        ``inplace=True`` the results are also written into ``tensors``.
+        Never raises for what other
         members do; raises :class:`~p2pdl.errors.ConfigError` for bad
         arguments.  An auxiliary member (``group.members[i].auxiliary``)
         contributes nothing whatever ``weight`` says; its ``tensors`` only
@@ -237,7 +276,9 @@ class AllReduceService:
             senders = [i for i, m in enumerate(group.members)
                        if i != me and not m.auxiliary]
             session.reducer = PartReducer(layout, me, senders, flat[lo:hi],
-                                          session.weight, me, start, config.sender_timeout)
+                                          session.weight, me, start, config.sender_timeout,
+                                          max_share=config.max_weight_share,
+                                          max_ahead=config.max_chunks_ahead)
         self._register(session)
         self._counters["rounds"] += 1
         receivers: dict[int, PartReceiver] = {}
@@ -290,6 +331,10 @@ class AllReduceService:
         """Send our values of part ``r`` to its reducer; receive its averages."""
         config = session.config
         peer = session.group.members[r].peer_id
+        remaining = max(0.1, session.deadline - trio.current_time())
+        with trio.fail_after(min(remaining, config.reducer_timeout)):
+            # Both sides show each other their membership of the run first.
+            await self._introduce(peer, session.group.run_id)
         remaining = max(0.1, session.deadline - trio.current_time())
         net_stream = await self._host.new_stream(peer, ALLREDUCE_PROTOCOL_ID,
                                                  timeout=min(remaining, config.reducer_timeout))
@@ -502,7 +547,10 @@ class AllReduceService:
         if begin.layout != session.layout.digest:
             raise RejectError("layout_mismatch", "tensor sizes, codecs, chunk size or plan "
                                                  "differ")
-        reducer.begin(sender, begin.weight, begin.want_result, trio.current_time())
+        bound = self._weight_bound(session, sender, begin.weight)
+        reducer.begin(sender, begin.weight, begin.want_result, trio.current_time(), bound)
+        if bound is not None and begin.weight > bound:
+            self._capped(session, sender, begin.weight, bound)
         session.handlers += 1
         session.handlers_idle = trio.Event()
         session.finalize()
@@ -530,16 +578,38 @@ class AllReduceService:
             if session.handlers == 0:
                 session.handlers_idle.set()
 
+    def _weight_bound(self, session: _Session, sender: int, claimed: float) -> float | None:
+        """The most ``sender``'s weight may count: what its progress reports for
+        the group's epoch support, with the slack (None: no evidence)."""
+        if self._evidence is None or claimed <= 0:
+            return None
+        group = session.group
+        evidence = self._evidence(group.run_id, group.members[sender].peer_id, group.epoch)
+        if evidence is None:
+            return None
+        config = session.config
+        return float(evidence) * (1.0 + config.weight_slack) + config.weight_slack_samples
+
+    def _capped(self, session: _Session, sender: int, claimed: float, bound: float) -> None:
+        group = session.group
+        peer = group.members[sender].peer_id
+        self._counters["weights_capped"] += 1
+        detail = (f"group {group.group_id.hex()[:8]} epoch {group.epoch}: weight {claimed:g} "
+                  f"capped at {bound:g}, what its progress reports support")
+        logger.info("all-reduce %s: member %d (%s): %s", group.group_id.hex()[:8], sender,
+                    peer, detail)
+        self._flags.flag(peer, group.run_id, WEIGHT_FLAG, self._clock(), detail)
+
     async def _take_values(self, stream: FramedStream, session: _Session, sender: int,
                            results: trio.CancelScope) -> None:
-        """Read a sender's chunks into the sum until it half-closes."""
-        import torch
-
+        """Read a sender's chunks until it ends its stream, at most
+        ``max_chunks_ahead`` past the first chunk not yet final."""
         reducer = session.reducer
         assert reducer is not None
-        scratch = torch.empty(session.layout.chunk_values, dtype=torch.float32)
         try:
             while True:
+                while reducer.accepts_chunks(sender) and not reducer.wants_chunk(sender):
+                    await session.wait_progress()  # held back: the others are behind
                 item = await stream.receive(SENDER_MESSAGES)
                 now = trio.current_time()
                 if item is None:
@@ -548,7 +618,7 @@ class AllReduceService:
                 if not isinstance(item, TensorChunk):
                     raise RemoteProtocolError("a sender sends ar.begin once, then chunks")
                 if reducer.accepts_chunks(sender):
-                    reducer.add_chunk(sender, item.header, item.data, now, scratch)
+                    reducer.add_chunk(sender, item.header, item.data, now)
                     session.finalize()
                 elif reducer.sender_states()[sender].value == "failed":
                     break
@@ -594,6 +664,10 @@ class AllReduceService:
 
     def _unregister(self, session: _Session) -> None:
         group_id = session.group.group_id
+        if session.reducer is not None and session.reducer.share_capped:
+            self._counters["weights_share_capped"] += len(session.reducer.share_capped)
+            logger.debug("all-reduce %s: the share cap lowered the weights of members %s",
+                         group_id.hex()[:8], sorted(session.reducer.share_capped))
         self._sessions.pop(group_id, None)
         self._recent[group_id] = None
         while len(self._recent) > MAX_RECENT_GROUPS:

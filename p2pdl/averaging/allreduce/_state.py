@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ChunkSpec", "Layout", "PartReducer", "PartReceiver", "SenderState",
            "RejectError", "Contribution", "PartResult", "AllReduceResult", "LAYOUT_VERSION",
-           "default_fractions"]
+           "MIN_CAPPED_CONTRIBUTORS", "cap_shares", "default_fractions"]
 
 #: Version of the layout rules; part of the digest.
 LAYOUT_VERSION = 1
@@ -188,39 +188,86 @@ class SenderState(enum.Enum):
 
 _FINISHED = (SenderState.DONE, SenderState.EXCLUDED, SenderState.FAILED)
 
+#: Contributors of positive weight a chunk needs before the share cap applies.
+MIN_CAPPED_CONTRIBUTORS = 3
+
+
+def cap_shares(weights: Sequence[float], max_share: float) -> list[float]:
+    """``weights`` with none above ``max_share`` of their total, when at least
+    MIN_CAPPED_CONTRIBUTORS are positive (else unchanged).
+
+    The weights above the cap are lowered to one common value ``c`` that
+    holds exactly the share: ``c = max_share * sum(min(w, c))`` (water
+    filling); the others are unchanged.  With ``n`` positive weights the
+    share is at least ``1/n`` (all equal), so a solution always exists.
+    ``max_share >= 1`` changes nothing.
+    """
+    values = [float(w) for w in weights]
+    positive = sorted((w for w in values if w > 0), reverse=True)
+    n = len(positive)
+    if n < MIN_CAPPED_CONTRIBUTORS or max_share >= 1:
+        return values
+    share = max(float(max_share), 1.0 / n)
+    if positive[0] <= share * math.fsum(positive):
+        return values
+    cap = positive[0]
+    for k in range(1, n):  # k weights capped: c = share * (k c + the rest)
+        if k * share >= 1:  # cannot happen for share >= 1/n; defensive
+            break
+        cap = share * math.fsum(positive[k:]) / (1.0 - k * share)
+        if positive[k] <= cap:
+            break
+    return [min(w, cap) for w in values]
+
 
 @dataclasses.dataclass
 class _Sender:
     index: int
     state: SenderState = SenderState.WAITING
-    weight: float = 0.0
+    weight: float = 0.0        # what counts: the claim, capped at its bound
+    claimed: float = 0.0       # what its ar.begin said
     want_result: bool = False
     next_chunk: int = 0
     last_activity: float = 0.0
+    blocking: bool = True      # the first chunk not yet final waits for it
     reason: str = ""
 
 
 class PartReducer:
-    """A reducer's part: the weighted sum, then the averages, chunk by chunk.
+    """A reducer's part: the senders' chunks, then the averages, chunk by chunk.
 
     ``senders``: the member indices expected to send (every member that
     contributes, this one excluded).  ``local``: this member's own values of
     the part (float32, 1-D) and ``local_weight`` their weight; with weight 0
     they count for nothing (an auxiliary peer).
 
-    Chunk ``k`` is **final** once every expected sender has delivered it or
-    is finished (done, excluded, failed): its average is the weighted mean of
-    its contributors; with no positive weight at all it is the reducer's own
+    Each sender's chunks are decoded (strictly) as they arrive and held until
+    their chunk is **final**: every expected sender has delivered it or is
+    finished (done, excluded, failed).  Only then are the weights of exactly
+    that chunk's contributors known, so only then is it averaged: each
+    sender's weight is its claim capped at the bound given to :meth:`begin`
+    (the evidence of its progress reports; this member's own weight has
+    none), then no contributor counts for more than ``max_share`` of the
+    chunk's total (:func:`cap_shares`), and the average is the weighted mean
+    in member order.  With no positive weight at all it is the reducer's own
     values (zeros for an auxiliary reducer), so nothing is ever NaN.
-    :meth:`finalize` computes the averages of the chunks that became final
-    and returns them in order; each is then sent to every sender that wants
-    results, and this member's own copy goes through the same codec so that
-    every member holds the very same values.
+    :meth:`finalize` averages the chunks that became final and returns them
+    in order; each is then sent to every sender that wants results, and this
+    member's own copy goes through the same codec so that every member holds
+    the very same values.
+
+    Memory: the service reads a sender only while :meth:`wants_chunk`
+    (at most ``max_ahead`` chunks past the first chunk not final), so a
+    reducer holds at most ``max_ahead`` chunks per sender.  Timeouts count
+    only for senders the part waits for: one that has not begun, or one whose
+    next chunk is the first not final (its clock restarts when it becomes
+    that one, so time spent held back does not count).
     """
 
     def __init__(self, layout: Layout, part: int, senders: Sequence[int],
                  local: torch.Tensor, local_weight: float, me: int, now: float,
-                 sender_timeout: float) -> None:
+                 sender_timeout: float, *, max_share: float = 1.0,
+                 max_ahead: int = 2**31) -> None:
         import torch
 
         self.layout = layout
@@ -228,24 +275,30 @@ class PartReducer:
         self.me = me
         self.chunks = layout.chunks[part]
         self.sender_timeout = sender_timeout
+        self.max_share = float(max_share)
+        self.max_ahead = int(max_ahead)
         self.local = local
         self.local_weight = float(local_weight)
-        self.sum = torch.empty_like(local)
-        if self.local_weight > 0:
-            torch.mul(local, self.local_weight, out=self.sum)
-        else:
-            self.sum.zero_()
-        mine = [me] if self.local_weight > 0 else []
-        self.weights = [self.local_weight] * len(self.chunks)
-        self.contributors: list[list[int]] = [list(mine) for _ in self.chunks]
+        self.sum = torch.empty_like(local)    # the averages, chunk by chunk
+        self.weights = [0.0] * len(self.chunks)
+        self.contributors: list[list[int]] = [[] for _ in self.chunks]
         self.senders = {s: _Sender(s, last_activity=now) for s in senders if s != me}
+        self.held: list[dict[int, torch.Tensor]] = [{} for _ in self.chunks]
+        # Buffers of held chunks, reused once their chunk is averaged (a fresh
+        # allocation per chunk costs as much again as decoding it).
+        self._largest = max((c.count for c in self.chunks), default=0)
+        self._free: list[torch.Tensor] = []
+        self._buffers: dict[tuple[int, int], torch.Tensor] = {}
+        self.share_capped: set[int] = set()  # members whose weight the share cap lowered
         self.final = 0                      # chunks [0, final) are averaged
         self.payloads: list[memoryview] = []  # the averaged chunks as they travel
 
     # -- events -----------------------------------------------------------
 
-    def begin(self, sender: int, weight: float, want_result: bool, now: float) -> None:
-        """A sender's ``ar.begin``.  Raises :class:`RejectError`."""
+    def begin(self, sender: int, weight: float, want_result: bool, now: float,
+              bound: float | None = None) -> None:
+        """A sender's ``ar.begin``; ``bound``: the most its weight may count
+        (None: no bound).  Raises :class:`RejectError`."""
         state = self.senders.get(sender)
         if state is None:
             raise RejectError("not_member", f"member {sender} is not a sender of part "
@@ -256,21 +309,35 @@ class PartReducer:
             raise RejectError("duplicate", f"member {sender} already began")
         if not (math.isfinite(weight) and weight >= 0):
             raise RejectError("layout_mismatch", f"weight {weight!r}")
-        state.weight = float(weight)
+        state.claimed = float(weight)
+        state.weight = state.claimed if bound is None else min(state.claimed, float(bound))
         state.want_result = bool(want_result)
         state.last_activity = now
-        state.state = SenderState.STREAMING if weight > 0 and self.chunks else SenderState.DONE
+        # A sender whose weight counts for nothing sends its chunks all the
+        # same (it does not know): they are read and dropped.
+        state.state = SenderState.STREAMING if state.weight > 0 and self.chunks \
+            else SenderState.DONE
+        self._refresh(now)
 
     def accepts_chunks(self, sender: int) -> bool:
         """Whether chunks from ``sender`` still count (else they are read and dropped)."""
         state = self.senders.get(sender)
         return state is not None and state.state is SenderState.STREAMING
 
+    def wants_chunk(self, sender: int) -> bool:
+        """Whether to read ``sender``'s next chunk now: it counts, and it is
+        fewer than ``max_ahead`` chunks past the first chunk not final (the
+        sender the part waits for is always read, so this never deadlocks)."""
+        state = self.senders.get(sender)
+        return state is not None and state.state is SenderState.STREAMING \
+            and state.next_chunk < self._ready() + self.max_ahead
+
     def add_chunk(self, sender: int, header: TensorHeader, payload: memoryview | bytes,
                   now: float, scratch: torch.Tensor | None = None) -> None:
-        """Accumulate a sender's next chunk.  RemoteProtocolError if it is not
-        the chunk expected (wrong place, size or codec, too many, non-finite
-        values): the caller then calls :meth:`fail`."""
+        """Take a sender's next chunk (decoded and held until it is final).
+        RemoteProtocolError if it is not the chunk expected (wrong place,
+        size or codec, too many, non-finite values): the caller then calls
+        :meth:`fail`.  ``scratch`` is not used (kept for callers)."""
         state = self.senders[sender]
         if state.state is not SenderState.STREAMING:
             raise LocalProtocolError(f"sender {sender} is {state.state.value}")
@@ -279,16 +346,23 @@ class PartReducer:
                                       f"{len(self.chunks)} chunks of part {self.part}")
         chunk = self.chunks[state.next_chunk]
         codec = chunk.check(header)
-        lo = chunk.start - chunk.part_start
-        out = scratch[:chunk.count] if scratch is not None else None
-        values = codec.decode(payload, chunk.count, out=out)
-        self.sum[lo:lo + chunk.count].add_(values, alpha=state.weight)
-        self.weights[chunk.index] += state.weight
-        self.contributors[chunk.index].append(sender)
+        import torch
+
+        # A copy of our own: the wire's receive buffer goes back to its pool.
+        buffer = self._free.pop() if self._free else torch.empty(self._largest,
+                                                                 dtype=torch.float32)
+        try:
+            values = codec.decode(payload, chunk.count, out=buffer[:chunk.count])
+        except BaseException:
+            self._free.append(buffer)
+            raise
+        self.held[chunk.index][sender] = values
+        self._buffers[chunk.index, sender] = buffer
         state.next_chunk += 1
         state.last_activity = now
         if state.next_chunk == len(self.chunks):
             state.state = SenderState.DONE
+        self._refresh(now)
 
     def end_of_stream(self, sender: int, now: float) -> None:
         """The sender closed its side.  Before its last chunk, that is a failure."""
@@ -296,6 +370,7 @@ class PartReducer:
         if state.state is SenderState.STREAMING:
             self.fail(sender, f"it closed its stream after {state.next_chunk} of "
                               f"{len(self.chunks)} chunks")
+        self._refresh(now)
 
     def fail(self, sender: int, reason: str) -> None:
         """The sender's stream broke or it broke the protocol: what it sent so
@@ -306,22 +381,40 @@ class PartReducer:
             state.reason = reason
 
     def check_timeouts(self, now: float) -> list[int]:
-        """Exclude the senders silent for ``sender_timeout`` while still expected."""
+        """Exclude the senders silent for ``sender_timeout`` while the part waits for them."""
+        self._refresh(now)
         excluded = []
         for state in self.senders.values():
-            if (state.state in (SenderState.WAITING, SenderState.STREAMING)
-                    and now - state.last_activity >= self.sender_timeout):
+            if self._waits_for(state) and now - state.last_activity >= self.sender_timeout:
                 state.state = SenderState.EXCLUDED
                 state.reason = (f"sent nothing for {now - state.last_activity:.1f} s "
                                 f"(sender_timeout)")
                 excluded.append(state.index)
+        if excluded:
+            self._refresh(now)
         return excluded
 
     def next_deadline(self) -> float | None:
         """When :meth:`check_timeouts` may next exclude someone (None: never)."""
         times = [s.last_activity + self.sender_timeout for s in self.senders.values()
-                 if s.state in (SenderState.WAITING, SenderState.STREAMING)]
+                 if self._waits_for(s)]
         return min(times) if times else None
+
+    def _waits_for(self, state: _Sender) -> bool:
+        return state.state is SenderState.WAITING \
+            or (state.state is SenderState.STREAMING and state.blocking)
+
+    def _refresh(self, now: float) -> None:
+        """Restart the clock of each sender that the part now waits for and
+        did not before (it was ahead, held back by :meth:`wants_chunk`)."""
+        ready = self._ready()
+        for state in self.senders.values():
+            if state.state is not SenderState.STREAMING:
+                continue
+            blocking = state.next_chunk == ready
+            if blocking and not state.blocking:
+                state.last_activity = max(state.last_activity, now)
+            state.blocking = blocking
 
     # -- results ----------------------------------------------------------
 
@@ -338,19 +431,37 @@ class PartReducer:
         ready = self._ready()
         done = []
         while self.final < ready:
-            chunk = self.chunks[self.final]
+            k = self.final
+            chunk = self.chunks[k]
             lo = chunk.start - chunk.part_start
-            values = self.sum[lo:lo + chunk.count]
-            weight = self.weights[chunk.index]
-            if weight > 0:
-                values.div_(weight)
+            out = self.sum[lo:lo + chunk.count]
+            mine = self.local[lo:lo + chunk.count]
+            held = self.held[k]
+            self.held[k] = {}
+            entries = [(self.me, self.local_weight, mine)] if self.local_weight > 0 else []
+            entries += [(s, self.senders[s].weight, v) for s, v in held.items()]
+            entries.sort(key=lambda e: e[0])
+            weights = cap_shares([w for _, w, _ in entries], self.max_share)
+            for (index, weight, _), capped in zip(entries, weights, strict=True):
+                if capped < weight:
+                    self.share_capped.add(index)
+            total = math.fsum(weights)
+            if total > 0:
+                out.zero_()
+                for (_, _, values), weight in zip(entries, weights, strict=True):
+                    out.add_(values, alpha=weight / total)
             else:  # nobody with a positive weight: the reducer's own values
-                values.copy_(self.local[lo:lo + chunk.count])
-            payload = chunk.codec.encode(values)
+                out.copy_(mine)
+            for s in held:
+                self._free.append(self._buffers.pop((k, s)))
+            self.weights[k] = total
+            self.contributors[k] = [index for (index, _, _), weight
+                                    in zip(entries, weights, strict=True) if weight > 0]
+            payload = chunk.codec.encode(out)
             if chunk.codec.name != "none":  # our copy goes through the codec as everyone's
-                chunk.codec.decode(payload, chunk.count, out=values)
+                chunk.codec.decode(payload, chunk.count, out=out)
             self.payloads.append(payload)
-            done.append(self.final)
+            done.append(k)
             self.final += 1
         return done
 

@@ -12,6 +12,7 @@ from .._codecs import CodecPolicy
 MAX_CHUNK_VALUES = 2**20        # values per TENSOR frame of the all-reduce (4 MiB of float32)
 MIN_CHUNK_VALUES = 2**10
 MAX_AVERAGING_TIMEOUT = 3600.0  # seconds one all_reduce call may take, at most
+MAX_CHUNKS_AHEAD = 64           # chunks a reducer may hold per sender, at most
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +54,28 @@ class AllReduceConfig:
             data (``WireConfig.receive_window``, 8 MiB), so this bounds that
             memory too.  Default 256.
         max_rounds: ``all_reduce`` calls one node runs at once.  Default 4.
+        weight_slack, weight_slack_samples: a reducer caps each sender's
+            weight at ``evidence * (1 + weight_slack) + weight_slack_samples``,
+            where ``evidence`` is the largest sample count that sender's own
+            signed progress reports for the group's epoch support (when the
+            node tracks the run's progress; else there is no evidence cap).
+            The slack is for reports that lag: the training layer publishes
+            a report of exactly the samples it averages with before every
+            round, so an honest peer's weight equals its evidence unless that
+            report has not arrived yet, and then the previous one is short by
+            the last few batches.  Defaults 0.25 and 64 samples.
+        max_weight_share: in a chunk with at least 3 contributors of
+            positive weight, no contributor's weight counts for more than
+            this share of the chunk's total (each above it is lowered until
+            it holds exactly this share; with ``n`` contributors the share is
+            at least ``1/n``).  1 disables the cap.  Default 0.5.
+        max_chunks_ahead: a reducer reads a sender's chunks at most this
+            many ahead of the first chunk still waiting for some sender, and
+            holds them (decoded, float32) until that chunk can be averaged
+            over exactly its contributors; beyond that it stops reading the
+            sender (the wire's credit holds it back).  Memory: at most
+            ``senders * max_chunks_ahead * chunk_values * 4`` bytes per
+            round.  Default 2 (1..MAX_CHUNKS_AHEAD).
     """
 
     codecs: CodecPolicy = dataclasses.field(default_factory=lambda: CodecPolicy())
@@ -63,6 +86,10 @@ class AllReduceConfig:
     join_wait: float = 10.0
     max_waiting_streams: int = 256
     max_rounds: int = 4
+    weight_slack: float = 0.25
+    weight_slack_samples: float = 64
+    max_weight_share: float = 0.5
+    max_chunks_ahead: int = 2
 
     def __post_init__(self) -> None:
         def check(ok: bool, what: str) -> None:
@@ -85,3 +112,10 @@ class AllReduceConfig:
         for name in ("max_waiting_streams", "max_rounds"):
             check(is_int(getattr(self, name)) and getattr(self, name) >= 1,
                   f"{name} must be an integer >= 1")
+        for name in ("weight_slack", "weight_slack_samples"):
+            check(is_number(getattr(self, name)) and getattr(self, name) >= 0,
+                  f"{name} must be a finite number >= 0")
+        check(is_number(self.max_weight_share) and 0 < self.max_weight_share <= 1,
+              "max_weight_share must be in (0, 1]")
+        check(is_int(self.max_chunks_ahead) and 1 <= self.max_chunks_ahead <= MAX_CHUNKS_AHEAD,
+              f"max_chunks_ahead must be an integer in 1..{MAX_CHUNKS_AHEAD}")

@@ -14,7 +14,7 @@ import pytest
 import torch
 import trio
 
-from p2pdl.averaging import AllReduceConfig, CodecPolicy, Group, GroupMemberInfo
+from p2pdl.averaging import AllReduceConfig, CodecPolicy, Group, GroupMemberInfo, cap_shares
 from p2pdl.testing import open_nodes
 
 from .ar_peer import peer_inputs
@@ -109,12 +109,16 @@ async def test_a_member_killed_mid_round_leaves_the_others_identical_results(mod
             # identical among survivors...
             for j in survivors:
                 assert torch.equal(flats[i][part.start:part.end], flats[j][part.start:part.end])
-            # ...and the weighted mean over the contributors the reducer reported
+            # ...and the weighted mean over the contributors the reducer reported,
+            # with the share cap over exactly those (a chunk the killed member
+            # did not deliver has three contributors: 4 of 1, 2, 4 counts as 3)
             for seg in part.contributions:
                 assert survivors == [c for c in seg.contributors if c != killed]
-                expected = sum(weights[c] * inputs[c][seg.start:seg.end]
-                               for c in seg.contributors) / sum(weights[c]
-                                                                for c in seg.contributors)
+                counted = cap_shares([weights[c] for c in seg.contributors],
+                                     config.max_weight_share)
+                assert seg.weight == pytest.approx(sum(counted))
+                expected = sum(w * inputs[c][seg.start:seg.end] for c, w in
+                               zip(seg.contributors, counted, strict=True)) / sum(counted)
                 assert torch.allclose(flats[i][seg.start:seg.end], expected, atol=1e-5)
     if mode == "scatter":
         # the killed member's first chunks counted where they arrived, nothing after

@@ -85,13 +85,17 @@ async def test_weighted_mean_is_exact_without_compression(count):
         await connect_all(nodes)
         xs = inputs(count)
         weights = [1.0 + 2 * i for i in range(count)]
-        truth = weighted_mean(xs, weights, range(count))
+        # Three members weigh 1, 3 and 5: 5 is above half of 9, so the share cap
+        # (max_weight_share 1/2) lowers it to 4, the sum of the others.
+        counted = [1.0, 3.0, 4.0] if count == 3 else weights
+        truth = weighted_mean(xs, counted, range(count))
         results = await run_all(nodes, make_group(nodes), xs, weights)
         for i, result in results.items():
             assert result.completed, [p.error for p in result.parts]
             assert [t.shape for t in result.tensors] == [x.shape for x in xs[i]]
             assert max_error(result.tensors, truth) < 1e-6
             assert result.contributors() == set(range(count))
+            assert {c.weight for p in result.parts for c in p.contributions} == {sum(counted)}
             assert result.bytes_sent > 0 and result.bytes_received > 0
             assert set(result.times) >= {"scatter", "gather", "total"}
         # every member holds the very same values
