@@ -27,9 +27,11 @@ Modules:
   reporting progress by gossip or by DHT polling (``simulations/bench_progress.py``).
 * ``_attackers`` -- :class:`WeightInflater`, :class:`EpochLiar`: real
   :class:`p2pdl.Optimizer` members that misbehave on purpose (a huge claimed
-  batch with flipped gradients; a far newer epoch with a poisoned state), and
-  :func:`flagged` (what a node's flag book caught); docs/testing.md.  They need
-  torch, so they are imported when first used.
+  batch with flipped gradients; a far newer epoch with a poisoned state),
+  :func:`flagged` (what a node's flag book caught), :func:`train_swarm` (honest
+  peers and attackers training the example together: a :class:`SwarmOutcome`)
+  and :func:`loopback_swarm` (sync nodes, optionally members of a certificate
+  run); docs/testing.md.  They need torch, so they are imported when first used.
 """
 
 from ._agent import Agent as Agent
@@ -61,7 +63,8 @@ from ._swarm_agent import open_swarm_agents as open_swarm_agents
 
 # The attackers need torch; import them only when one of their names is used,
 # so that ``import p2pdl.testing`` does not load torch.
-_LAZY = {"WeightInflater": "_attackers", "EpochLiar": "_attackers", "flagged": "_attackers"}
+_LAZY = {name: "_attackers" for name in (
+    "WeightInflater", "EpochLiar", "flagged", "SwarmOutcome", "train_swarm", "loopback_swarm")}
 
 
 def __getattr__(name: str) -> object:

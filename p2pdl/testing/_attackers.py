@@ -18,21 +18,37 @@ role caps, the all-reduce's evidence and share caps, the state donors' vote).
   a far newer epoch (``10**6``) in every progress report and offers a
   poisoned state at that epoch through state sync: finite parameters of the
   right shapes, drawn at random, with its real optimizer state.
+* :func:`train_swarm` -- a whole scenario: sync nodes on loopback (optionally
+  members of a certificate run made on the spot), one training thread per
+  peer of the given roles on an example task, until the honest peers reach
+  an epoch; returns a :class:`SwarmOutcome` (parameters, epochs, held-out
+  losses, counters, flag books, all-reduce statistics per peer).
 
 Neither is a test double of p2pdl: both are clients of it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import dataclasses
 import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
 
-from ..training import Optimizer
+from .. import Authority, CertificateRun, Node, Role
+from ..training import ExampleTask, Optimizer
 from ..training.config import MAX_STEP_SAMPLES
+from ._swarm import LOOPBACK
 
-__all__ = ["WeightInflater", "EpochLiar", "flagged", "MAX_STEP_SAMPLES"]
+__all__ = ["WeightInflater", "EpochLiar", "flagged", "MAX_STEP_SAMPLES", "ROLES",
+           "SwarmOutcome", "train_swarm", "loopback_swarm"]
 
 logger = logging.getLogger(__name__)
 
@@ -197,3 +213,175 @@ def flagged(node: Any, run_id: str | None = None) -> dict[str, dict[str, int]]:
         trio_node = node.trio_node
         return portal.run_sync(lambda: trio_node.flags.flagged(run_id))
     return node.flags.flagged(run_id)
+
+
+#: The roles :func:`train_swarm` knows.
+ROLES = ("honest", "late", "inflater", "liar", "liar0")
+
+
+@dataclasses.dataclass
+class SwarmOutcome:
+    """What :func:`train_swarm` ended with, one entry per peer in the order of ``roles``.
+
+    ``params``: the model's parameters, flat; ``epochs``: each optimizer's last
+    epoch; ``losses``: the held-out loss (``task.validation_loss``); ``stats``:
+    each driver's ``statistics()``; ``flags``: each node's flag book for the run
+    (:func:`flagged`); ``allreduce``: each node's all-reduce statistics (a dict).
+    """
+
+    roles: list[str]
+    params: list[torch.Tensor]
+    epochs: list[int]
+    losses: list[float]
+    stats: list[dict[str, Any]]
+    flags: list[dict[str, dict[str, int]]]
+    peer_ids: list[str]
+    allreduce: list[dict[str, Any]]
+    seconds: float
+
+    def honest(self) -> list[int]:
+        """The honest peers' indices (``late`` ones included)."""
+        return [i for i, r in enumerate(self.roles) if r in ("honest", "late")]
+
+    def of(self, role: str) -> int:
+        return self.roles.index(role)
+
+    def identical(self) -> bool:
+        """Whether every honest peer ended with bit-identical parameters."""
+        honest = self.honest()
+        return all(torch.equal(self.params[honest[0]], self.params[i]) for i in honest[1:])
+
+    def flags_on(self, index: int) -> dict[str, int]:
+        """Every flag kind the honest peers raised against peer ``index``, summed."""
+        out: dict[str, int] = {}
+        for i in self.honest():
+            for kind, count in self.flags[i].get(self.peer_ids[index], {}).items():
+                out[kind] = out.get(kind, 0) + count
+        return out
+
+
+@contextlib.contextmanager
+def loopback_swarm(count: int, run_id: str | None = None, *,
+                   certificates: bool = False) -> Iterator[list[Node]]:
+    """``count`` sync nodes on loopback, connected through the first; with
+    ``certificates`` each is a trainer of a certificate run of ``run_id`` under an
+    authority made here.  They shut down at the end of the block."""
+    keys = [create_new_key_pair() for _ in range(count)]
+    policies: list[list[CertificateRun]] = [[] for _ in range(count)]
+    if certificates:
+        if run_id is None:
+            raise ValueError("a certificate run needs its run_id")
+        authority = Authority.generate()
+        for i, key in enumerate(keys):
+            cert = authority.issue(run_id, ID.from_pubkey(key.public_key), Role.TRAINER,
+                                   expires_in=86400)
+            policies[i] = [CertificateRun(run_id, authority.id, cert)]
+    nodes: list[Node] = []
+    try:
+        nodes.append(Node(listen=list(LOOPBACK), key_pair=keys[0], runs=policies[0]))
+        for i in range(1, count):
+            nodes.append(Node(listen=list(LOOPBACK), initial_peers=nodes[0].addrs[:1],
+                              key_pair=keys[i], runs=policies[i]))
+        for node in nodes[1:]:
+            node.wait_for_peers(1)
+        yield nodes
+    finally:
+        for node in nodes:
+            node.shutdown()
+
+
+def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
+                make_optimizer: Callable[[Node, torch.nn.Module], Optimizer],
+                epochs: int = 6, certificates: bool = False, late_at: int = 2,
+                seconds: float = 150.0) -> SwarmOutcome:
+    """Train peers of ``roles`` on ``task`` until every honest peer reached ``epochs``.
+
+    ``make_optimizer(node, model)`` builds each peer's :class:`p2pdl.Optimizer`
+    for ``run_id`` (the same settings for all).  Roles: ``honest``; ``late``
+    (honest, starts once the others reached ``late_at``, from parameters
+    shifted by 1.0: only a download can make it match); ``inflater``
+    (:class:`WeightInflater`); ``liar`` (:class:`EpochLiar`, lying from epoch
+    1, once the swarm has stepped together) and ``liar0`` (lying from its
+    first step).  The attackers train until the honest peers are done.  Each
+    peer draws batches ``task.batches(i)``.  AssertionError if the honest peers
+    do not get there within ``seconds``.
+    """
+    unknown = sorted(set(roles) - set(ROLES))
+    if unknown:
+        raise ValueError(f"unknown roles {unknown} (known: {ROLES})")
+    roles = list(roles)
+    started = time.monotonic()
+    models = [task.build_model() for _ in roles]
+    honest = [i for i, r in enumerate(roles) if r in ("honest", "late")]
+    with loopback_swarm(len(roles), run_id, certificates=certificates) as nodes:
+        opts: list[Optimizer | None] = [None] * len(roles)
+        drivers: list[Any] = [None] * len(roles)
+
+        def start(i: int) -> None:
+            opt = opts[i] = make_optimizer(nodes[i], models[i])
+            if roles[i] == "inflater":
+                drivers[i] = WeightInflater(opt)
+            elif roles[i] in ("liar", "liar0"):
+                drivers[i] = EpochLiar(opt, from_epoch=1 if roles[i] == "liar" else 0)
+            else:
+                drivers[i] = opt
+
+        for i, role in enumerate(roles):
+            if role != "late":
+                start(i)
+        done = threading.Event()
+        remaining = [len(honest)]
+        lock = threading.Lock()
+        deadline = time.monotonic() + seconds
+
+        def epoch_of(i: int) -> int:
+            opt = opts[i]
+            return opt.local_epoch if opt is not None else 0
+
+        def loop(i: int) -> None:
+            try:
+                if roles[i] == "late":
+                    while min(epoch_of(j) for j in honest if j != i) < late_at:
+                        assert time.monotonic() < deadline, "the others never got going"
+                        time.sleep(0.05)
+                    with torch.no_grad():
+                        for p in models[i].parameters():
+                            p.add_(1.0)
+                    start(i)
+                batches = task.batches(i)
+                while (epoch_of(i) < epochs) if i in honest else not done.is_set():
+                    assert time.monotonic() < deadline, \
+                        f"peer {i} ({roles[i]}) at epoch {epoch_of(i)} of {epochs} in time"
+                    models[i].loss(next(batches)).backward()
+                    drivers[i].step()
+                    drivers[i].zero_grad()
+            finally:
+                if i in honest:
+                    with lock:
+                        remaining[0] -= 1
+                        if remaining[0] == 0:
+                            done.set()
+
+        try:
+            with concurrent.futures.ThreadPoolExecutor(len(roles)) as pool:
+                futures = [pool.submit(loop, i) for i in range(len(roles))]
+                for future in futures:
+                    future.result(timeout=seconds + 60)
+            stats = [d.statistics() for d in drivers]
+            flags = [flagged(n, run_id) for n in nodes]
+            allreduce = [dataclasses.asdict(n.portal.run_sync(
+                lambda n=n: n.trio_node.averaging.statistics())) for n in nodes]
+            peer_ids = [n.peer_id.to_base58() for n in nodes]
+        finally:
+            done.set()
+            for o in opts:
+                if o is not None:
+                    o.close()
+    return SwarmOutcome(roles, [_flat(m) for m in models],
+                        [epoch_of(i) for i in range(len(roles))],
+                        [task.validation_loss(m) for m in models], stats, flags, peer_ids,
+                        allreduce, time.monotonic() - started)
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
