@@ -25,6 +25,13 @@ Modules:
   by JSON commands (DHT store/get), for scenarios with many nodes.
 * ``_progress_sim`` -- :func:`simulate_progress`: simulated trainers on nodes,
   reporting progress by gossip or by DHT polling (``simulations/bench_progress.py``).
+* ``_attackers`` -- :class:`WeightInflater`, :class:`EpochLiar`: real
+  :class:`p2pdl.Optimizer` members that misbehave on purpose (a huge claimed
+  batch with flipped gradients; a far newer epoch with a poisoned state),
+  :func:`flagged` (what a node's flag book caught), :func:`train_swarm` (honest
+  peers and attackers training the example together: a :class:`SwarmOutcome`)
+  and :func:`loopback_swarm` (sync nodes, optionally members of a certificate
+  run); docs/testing.md.  They need torch, so they are imported when first used.
 """
 
 from ._agent import Agent as Agent
@@ -53,3 +60,22 @@ from ._swarm import task_names as task_names
 from ._swarm import wait_for_dht as wait_for_dht
 from ._swarm import wait_until as wait_until
 from ._swarm_agent import open_swarm_agents as open_swarm_agents
+
+# The attackers need torch; import them only when one of their names is used,
+# so that ``import p2pdl.testing`` does not load torch.
+_LAZY = {name: "_attackers" for name in (
+    "WeightInflater", "EpochLiar", "flagged", "SwarmOutcome", "train_swarm", "loopback_swarm")}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

@@ -1,0 +1,387 @@
+"""Members that misbehave on purpose, with the real protocols: :class:`WeightInflater`,
+:class:`EpochLiar`, and :func:`flagged` to see what the honest nodes caught.
+
+Each attacker wraps a real :class:`p2pdl.Optimizer` on a real node, admitted
+to the run like any member, and is driven by the same training loop
+(``loss.backward(); attacker.step(); attacker.zero_grad()``).  Nothing is
+mocked and no protocol message is forged: the attacker only uses what any
+member's program can do with the public API -- pass a batch size of its own
+choosing, change its gradients, set its state keeper's epoch and parameters
+and offer that state.  They show what an admitted but malicious member can
+try; what stops it is the honest peers' bookkeeping (progress quorum and
+role caps, the all-reduce's evidence and share caps, the state donors' vote).
+
+* :class:`WeightInflater` -- flips (and optionally scales) its gradients and,
+  in the step that completes the swarm's batch, claims ``2**31`` samples (the
+  most ``step`` accepts), so that its gradients would dominate the average.
+* :class:`EpochLiar` -- once its optimizer has reached ``from_epoch``, claims
+  a far newer epoch (``10**6``) in every progress report and offers a
+  poisoned state at that epoch through state sync: finite parameters of the
+  right shapes, drawn at random, with its real optimizer state.
+* :func:`train_swarm` -- a whole scenario: sync nodes on loopback (optionally
+  members of a certificate run made on the spot), one training thread per
+  peer of the given roles on an example task, until the honest peers reach
+  an epoch; returns a :class:`SwarmOutcome` (parameters, epochs, held-out
+  losses, counters, flag books, all-reduce statistics per peer).
+
+Neither is a test double of p2pdl: both are clients of it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
+
+from .. import Authority, CertificateRun, Node, Role
+from ..training import ExampleTask, Optimizer
+from ..training.config import MAX_STEP_SAMPLES
+from ._swarm import LOOPBACK
+
+__all__ = ["WeightInflater", "EpochLiar", "flagged", "MAX_STEP_SAMPLES", "ROLES",
+           "SwarmOutcome", "train_swarm", "loopback_swarm"]
+
+logger = logging.getLogger(__name__)
+
+
+class WeightInflater:
+    """A member that claims a huge batch and sends flipped gradients.
+
+    Args:
+        optimizer: the member's :class:`p2pdl.Optimizer` (its own node, run, model).
+        claimed_batch: the batch size claimed in the step that completes the
+            swarm's batch (default ``2**31``, the most ``step`` accepts).
+        scale: the gradients are multiplied by ``-scale`` before every step
+            (1.0: flipped; 0: sends zeros).
+
+    Timing, as a careful attacker would: every other step claims the real
+    batch, so that the inflater is ready when the others are and lands in
+    their group; the step after which the swarm's count (as its progress
+    view sees it) reaches the target claims ``claimed_batch``.  That is the
+    weight its all-reduce parts then declare.  Its progress report of that
+    count is beyond any trainer's cap, so honest nodes drop it (and flag it).
+    """
+
+    def __init__(self, optimizer: Optimizer, *, claimed_batch: int = MAX_STEP_SAMPLES,
+                 scale: float = 1.0) -> None:
+        if not 1 <= claimed_batch <= MAX_STEP_SAMPLES:
+            raise ValueError(f"claimed_batch must be in 1..{MAX_STEP_SAMPLES}")
+        self.optimizer = optimizer
+        self.claimed_batch = claimed_batch
+        self.scale = float(scale)
+        self.inflated_steps = 0
+
+    def step(self, batch_size: int | None = None) -> bool:
+        """Flip the gradients, claim the batch (inflated when the round is due), step."""
+        opt = self.optimizer
+        real = batch_size if batch_size is not None else opt.config.batch_size_per_step
+        if real is None:
+            raise ValueError("step() needs batch_size (or set batch_size_per_step)")
+        with torch.no_grad():
+            for group in opt.optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(-self.scale)
+        progress = opt.global_progress()
+        due = progress.epoch <= opt.local_epoch and (
+            progress.ready_to_step
+            or progress.samples_accumulated + real >= progress.target_batch_size)
+        claimed = self.claimed_batch if due else real
+        if due:
+            self.inflated_steps += 1
+            logger.debug("weight inflater: claims %d samples at epoch %d", claimed,
+                         opt.local_epoch)
+        return opt.step(batch_size=claimed)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+    @property
+    def local_epoch(self) -> int:
+        return self.optimizer.local_epoch
+
+    def statistics(self) -> dict[str, Any]:
+        """The optimizer's counters and ``inflated_steps``."""
+        return {**self.optimizer.statistics(), "inflated_steps": self.inflated_steps}
+
+    def close(self) -> None:
+        self.optimizer.close()
+
+
+class EpochLiar:
+    """A member that claims a far newer epoch and offers a poisoned state at it.
+
+    Args:
+        optimizer: the member's :class:`p2pdl.Optimizer`.
+        claimed_epoch: the epoch it claims (default ``10**6``).
+        from_epoch: it trains honestly until its optimizer reaches this
+            epoch (0: it lies from its first step).  Lying once the swarm
+            is established is the harder case for the others: they already
+            hold each other's reports.
+        poison_scale, seed: the poisoned parameters are
+            ``poison_scale * N(0, 1)`` from a generator seeded with ``seed``
+            (finite, the model's shapes and dtypes).
+
+    Every :meth:`step`, once lying: the optimizer's state keeper is set to
+    ``claimed_epoch`` and the poisoned parameters (again, whenever a step of
+    its own moved them) and the state is offered through state sync
+    (``state_keeper.share``); then the optimizer's own ``step`` reports the
+    samples at that epoch.  Rounds it starts there find no group (nobody
+    else is there), cost it ``matchmaking_time`` and move its epoch on by
+    one (``on_failure``): it then claims that epoch (its reports never go
+    back), still far beyond the others'.
+    """
+
+    def __init__(self, optimizer: Optimizer, *, claimed_epoch: int = 10**6,
+                 from_epoch: int = 0, poison_scale: float = 1.0, seed: int = 666) -> None:
+        if claimed_epoch < 1:
+            raise ValueError("claimed_epoch must be at least 1")
+        self.optimizer = optimizer
+        self.claimed_epoch = claimed_epoch
+        self.from_epoch = from_epoch
+        self.poison_scale = float(poison_scale)
+        self.seed = seed
+        self.lying = False
+        self.shares = 0
+        self._lied_at = -1
+
+    def poisoned_parameters(self) -> list[torch.Tensor]:
+        """The parameters it offers: the same on every call."""
+        generator = torch.Generator().manual_seed(self.seed)
+        return [(torch.randn(p.shape, generator=generator) * self.poison_scale).to(p.dtype)
+                for group in self.optimizer.optimizer.param_groups for p in group["params"]]
+
+    def lie(self) -> None:
+        """Take the claimed epoch and the poisoned parameters, and offer that state."""
+        opt = self.optimizer
+        params = [p for group in opt.optimizer.param_groups for p in group["params"]]
+        with torch.no_grad():
+            for p, value in zip(params, self.poisoned_parameters(), strict=True):
+                p.copy_(value)
+        # A round of its own (which finds nobody at the claimed epoch) moves it on
+        # by one; epochs never go back in its reports, so it claims that one then.
+        opt.state_keeper.epoch = max(self.claimed_epoch, opt.local_epoch)
+        opt.state_keeper.share(force=True)
+        self.shares += 1
+        if not self.lying:
+            logger.info("epoch liar: claims epoch %d and offers a poisoned state",
+                        self.claimed_epoch)
+        self.lying = True
+
+    def step(self, batch_size: int | None = None) -> bool:
+        """Step honestly before ``from_epoch``; then lie (:meth:`lie`) and step."""
+        opt = self.optimizer
+        if not self.lying and opt.local_epoch < self.from_epoch:
+            return opt.step(batch_size)
+        if not self.lying or opt.local_epoch != self._lied_at:
+            self.lie()
+            self._lied_at = opt.local_epoch
+        return opt.step(batch_size)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+    @property
+    def local_epoch(self) -> int:
+        return self.optimizer.local_epoch
+
+    def statistics(self) -> dict[str, Any]:
+        """The optimizer's counters, ``lying`` and ``shares`` (poisoned states offered)."""
+        return {**self.optimizer.statistics(), "lying": self.lying, "shares": self.shares}
+
+    def close(self) -> None:
+        self.optimizer.close()
+
+
+def flagged(node: Any, run_id: str | None = None) -> dict[str, dict[str, int]]:
+    """What ``node`` (a sync :class:`p2pdl.Node` or a trio node) caught: flag counts by kind
+    of every flagged peer (base58 id), in ``run_id`` or in every run.
+
+    A sync node's flag book is read on its own thread (through its portal).
+    """
+    portal = getattr(node, "portal", None)
+    if portal is not None and hasattr(node, "trio_node"):
+        trio_node = node.trio_node
+        return portal.run_sync(lambda: trio_node.flags.flagged(run_id))
+    return node.flags.flagged(run_id)
+
+
+#: The roles :func:`train_swarm` knows.
+ROLES = ("honest", "late", "inflater", "liar", "liar0")
+
+
+@dataclasses.dataclass
+class SwarmOutcome:
+    """What :func:`train_swarm` ended with, one entry per peer in the order of ``roles``.
+
+    ``params``: the model's parameters, flat; ``epochs``: each optimizer's last
+    epoch; ``losses``: the held-out loss (``task.validation_loss``); ``stats``:
+    each driver's ``statistics()``; ``flags``: each node's flag book for the run
+    (:func:`flagged`); ``allreduce``: each node's all-reduce statistics (a dict).
+    """
+
+    roles: list[str]
+    params: list[torch.Tensor]
+    epochs: list[int]
+    losses: list[float]
+    stats: list[dict[str, Any]]
+    flags: list[dict[str, dict[str, int]]]
+    peer_ids: list[str]
+    allreduce: list[dict[str, Any]]
+    seconds: float
+
+    def honest(self) -> list[int]:
+        """The honest peers' indices (``late`` ones included)."""
+        return [i for i, r in enumerate(self.roles) if r in ("honest", "late")]
+
+    def of(self, role: str) -> int:
+        return self.roles.index(role)
+
+    def identical(self) -> bool:
+        """Whether every honest peer ended with bit-identical parameters."""
+        honest = self.honest()
+        return all(torch.equal(self.params[honest[0]], self.params[i]) for i in honest[1:])
+
+    def flags_on(self, index: int) -> dict[str, int]:
+        """Every flag kind the honest peers raised against peer ``index``, summed."""
+        out: dict[str, int] = {}
+        for i in self.honest():
+            for kind, count in self.flags[i].get(self.peer_ids[index], {}).items():
+                out[kind] = out.get(kind, 0) + count
+        return out
+
+
+@contextlib.contextmanager
+def loopback_swarm(count: int, run_id: str | None = None, *,
+                   certificates: bool = False) -> Iterator[list[Node]]:
+    """``count`` sync nodes on loopback, connected through the first; with
+    ``certificates`` each is a trainer of a certificate run of ``run_id`` under an
+    authority made here.  They shut down at the end of the block."""
+    keys = [create_new_key_pair() for _ in range(count)]
+    policies: list[list[CertificateRun]] = [[] for _ in range(count)]
+    if certificates:
+        if run_id is None:
+            raise ValueError("a certificate run needs its run_id")
+        authority = Authority.generate()
+        for i, key in enumerate(keys):
+            cert = authority.issue(run_id, ID.from_pubkey(key.public_key), Role.TRAINER,
+                                   expires_in=86400)
+            policies[i] = [CertificateRun(run_id, authority.id, cert)]
+    nodes: list[Node] = []
+    try:
+        nodes.append(Node(listen=list(LOOPBACK), key_pair=keys[0], runs=policies[0]))
+        for i in range(1, count):
+            nodes.append(Node(listen=list(LOOPBACK), initial_peers=nodes[0].addrs[:1],
+                              key_pair=keys[i], runs=policies[i]))
+        for node in nodes[1:]:
+            node.wait_for_peers(1)
+        yield nodes
+    finally:
+        for node in nodes:
+            node.shutdown()
+
+
+def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
+                make_optimizer: Callable[[Node, torch.nn.Module], Optimizer],
+                epochs: int = 6, certificates: bool = False, late_at: int = 2,
+                seconds: float = 150.0) -> SwarmOutcome:
+    """Train peers of ``roles`` on ``task`` until every honest peer reached ``epochs``.
+
+    ``make_optimizer(node, model)`` builds each peer's :class:`p2pdl.Optimizer`
+    for ``run_id`` (the same settings for all).  Roles: ``honest``; ``late``
+    (honest, starts once the others reached ``late_at``, from parameters
+    shifted by 1.0: only a download can make it match); ``inflater``
+    (:class:`WeightInflater`); ``liar`` (:class:`EpochLiar`, lying from epoch
+    1, once the swarm has stepped together) and ``liar0`` (lying from its
+    first step).  The attackers train until the honest peers are done.  Each
+    peer draws batches ``task.batches(i)``.  AssertionError if the honest peers
+    do not get there within ``seconds``.
+    """
+    unknown = sorted(set(roles) - set(ROLES))
+    if unknown:
+        raise ValueError(f"unknown roles {unknown} (known: {ROLES})")
+    roles = list(roles)
+    started = time.monotonic()
+    models = [task.build_model() for _ in roles]
+    honest = [i for i, r in enumerate(roles) if r in ("honest", "late")]
+    with loopback_swarm(len(roles), run_id, certificates=certificates) as nodes:
+        opts: list[Optimizer | None] = [None] * len(roles)
+        drivers: list[Any] = [None] * len(roles)
+
+        def start(i: int) -> None:
+            opt = opts[i] = make_optimizer(nodes[i], models[i])
+            if roles[i] == "inflater":
+                drivers[i] = WeightInflater(opt)
+            elif roles[i] in ("liar", "liar0"):
+                drivers[i] = EpochLiar(opt, from_epoch=1 if roles[i] == "liar" else 0)
+            else:
+                drivers[i] = opt
+
+        for i, role in enumerate(roles):
+            if role != "late":
+                start(i)
+        done = threading.Event()
+        remaining = [len(honest)]
+        lock = threading.Lock()
+        deadline = time.monotonic() + seconds
+
+        def epoch_of(i: int) -> int:
+            opt = opts[i]
+            return opt.local_epoch if opt is not None else 0
+
+        def loop(i: int) -> None:
+            try:
+                if roles[i] == "late":
+                    while min(epoch_of(j) for j in honest if j != i) < late_at:
+                        assert time.monotonic() < deadline, "the others never got going"
+                        time.sleep(0.05)
+                    with torch.no_grad():
+                        for p in models[i].parameters():
+                            p.add_(1.0)
+                    start(i)
+                batches = task.batches(i)
+                while (epoch_of(i) < epochs) if i in honest else not done.is_set():
+                    assert time.monotonic() < deadline, \
+                        f"peer {i} ({roles[i]}) at epoch {epoch_of(i)} of {epochs} in time"
+                    models[i].loss(next(batches)).backward()
+                    drivers[i].step()
+                    drivers[i].zero_grad()
+            finally:
+                if i in honest:
+                    with lock:
+                        remaining[0] -= 1
+                        if remaining[0] == 0:
+                            done.set()
+
+        try:
+            with concurrent.futures.ThreadPoolExecutor(len(roles)) as pool:
+                futures = [pool.submit(loop, i) for i in range(len(roles))]
+                for future in futures:
+                    future.result(timeout=seconds + 60)
+            stats = [d.statistics() for d in drivers]
+            flags = [flagged(n, run_id) for n in nodes]
+            allreduce = [dataclasses.asdict(n.portal.run_sync(
+                lambda n=n: n.trio_node.averaging.statistics())) for n in nodes]
+            peer_ids = [n.peer_id.to_base58() for n in nodes]
+        finally:
+            done.set()
+            for o in opts:
+                if o is not None:
+                    o.close()
+    return SwarmOutcome(roles, [_flat(m) for m in models],
+                        [epoch_of(i) for i in range(len(roles))],
+                        [task.validation_loss(m) for m in models], stats, flags, peer_ids,
+                        allreduce, time.monotonic() - started)
+
+
+def _flat(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])

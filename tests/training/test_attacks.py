@@ -1,0 +1,161 @@
+"""Admitted members that lie about themselves, end to end: the example task, real
+p2pdl.Node peers on loopback, one training thread each (p2pdl.testing's attackers and
+``train_swarm``).
+
+What must hold for the honest peers: they end bit-identical to each other, at the
+epoch they trained to, with a held-out loss within a stated bound of a run without
+attackers, and the attackers are in their flag books.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import p2pdl
+from p2pdl.averaging import AllReduceConfig
+from p2pdl.testing import SwarmOutcome, train_swarm
+from p2pdl.training import ExampleConfig, ExampleTask, Optimizer
+
+pytestmark = pytest.mark.timeout(240)
+
+SMALL = ExampleConfig(context_length=32, d_model=32, n_layers=1, n_heads=2, batch_size=8)
+#: Epochs the honest peers train to in every scenario.
+EPOCHS = 6
+TARGET = 64
+#: The run's all-reduce settings: the absolute slack on a sender's evidence is one batch,
+#: not the default 64 samples, which is this small run's whole target batch (a sender
+#: could then claim a whole epoch's worth beyond its reports).
+ALLREDUCE = AllReduceConfig(weight_slack_samples=SMALL.batch_size)
+#: Held-out loss of the honest peers over the honest run's, at the same epoch: without a
+#: weight inflater, noise only.  Measured here: honest 4-peer runs of EPOCHS epochs end
+#: within 0.2 % of each other (4.627-4.637; which batches land in an epoch depends on
+#: timing), and so do runs with a liar.
+NOISE_BOUND = 1.02
+#: With a weight inflater.  Its weight is capped at what its reports support, but its
+#: flipped gradients still count at that weight (robust aggregation is not part of this),
+#: and fully in the part its own node reduces (a reducer does not cap itself).  Measured
+#: here: 1.00-1.07 with two honest peers, an inflater and a liar; the untrained model
+#: is at 5.45 / 4.63 = 1.18.
+ATTACK_BOUND = 1.10
+
+Outcome = SwarmOutcome
+
+
+@pytest.fixture(scope="module")
+def task() -> ExampleTask:
+    torch.set_num_threads(1)
+    return ExampleTask(SMALL)
+
+
+def make_opt(node: p2pdl.Node, model: torch.nn.Module, run_id: str) -> Optimizer:
+    return Optimizer(node=node, run_id=run_id,
+                     optimizer=torch.optim.AdamW(model.parameters(), lr=3e-3),
+                     target_batch_size=TARGET, batch_size_per_step=SMALL.batch_size,
+                     matchmaking_time=8.0, allreduce=ALLREDUCE)
+
+
+def run_scenario(task: ExampleTask, roles: list[str], run_id: str, *,
+                 certificates: bool = False) -> Outcome:
+    return train_swarm(task, roles, run_id, epochs=EPOCHS, certificates=certificates,
+                       make_optimizer=lambda node, model: make_opt(node, model, run_id))
+
+
+@pytest.fixture(scope="module")
+def honest_run(task) -> Outcome:
+    """Four honest peers: the reference every attacked run is held to."""
+    outcome = run_scenario(task, ["honest"] * 4, "honest-reference")
+    check_honest_peers(outcome)
+    assert not any(outcome.flags), outcome.flags
+    assert not any(a["weights_capped"] for a in outcome.allreduce), outcome.allreduce
+    return outcome
+
+
+def check_honest_peers(outcome: Outcome, reference: Outcome | None = None,
+                       bound: float = NOISE_BOUND) -> None:
+    """Bit-identical honest peers at :data:`EPOCHS`, finite, and (against ``reference``)
+    a held-out loss at most ``bound`` times the reference's."""
+    honest = outcome.honest()
+    first = outcome.params[honest[0]]
+    assert outcome.identical(), ([outcome.losses[i] for i in honest],
+                                 [outcome.stats[i] for i in honest])
+    assert all(outcome.epochs[i] == EPOCHS for i in honest), outcome.epochs
+    assert torch.isfinite(first).all()
+    if reference is not None:
+        loss, ref_loss = outcome.losses[honest[0]], reference.losses[0]
+        assert loss <= ref_loss * bound, (loss, ref_loss, outcome.stats)
+
+
+def check_inflater_capped(outcome: Outcome) -> None:
+    inflater = outcome.of("inflater")
+    assert outcome.stats[inflater]["inflated_steps"] >= 1
+    # every honest reducer lowered its weight to its evidence, and flagged it
+    flags = outcome.flags_on(inflater)
+    assert flags.get("weight_beyond_evidence", 0) >= 1, outcome.flags
+    assert all(outcome.allreduce[i]["weights_capped"] >= 1 for i in outcome.honest()), \
+        outcome.allreduce
+
+
+def check_liar_flagged(outcome: Outcome) -> None:
+    liar = next(i for i, r in enumerate(outcome.roles) if r.startswith("liar"))
+    assert outcome.stats[liar]["lying"] and outcome.epochs[liar] >= 10**6
+    target = outcome.peer_ids[liar]
+    # every honest peer's progress caught it ahead of the quorum
+    assert all(outcome.flags[i].get(target, {}).get("epoch_ahead", 0) >= 1
+               for i in outcome.honest()), outcome.flags
+
+
+def test_two_honest_peers_hold_against_an_inflater_and_a_liar(task, honest_run):
+    outcome = run_scenario(task, ["honest", "honest", "inflater", "liar"], "mixed")
+    check_honest_peers(outcome, honest_run, ATTACK_BOUND)
+    check_inflater_capped(outcome)
+    check_liar_flagged(outcome)
+
+
+def test_a_late_joiner_takes_the_honest_state_not_the_liars(task, honest_run):
+    """Three honest peers (one joining late, from other parameters) and a liar that offers
+    a poisoned state at epoch 10**6: the joiner downloads the honest peers' state."""
+    outcome = run_scenario(task, ["honest", "honest", "late", "liar"], "liar-late")
+    check_honest_peers(outcome, honest_run)
+    check_liar_flagged(outcome)
+    late = outcome.of("late")
+    assert outcome.stats[late]["state_syncs"] >= 1, outcome.stats[late]
+    # its download voted the liar's offer out: past the quorum's epoch + 1
+    assert outcome.flags[late][outcome.peer_ids[outcome.of("liar")]].get("state_lost_vote"), \
+        outcome.flags[late]
+
+
+def test_members_of_a_certificate_run_end_bit_identical(task):
+    outcome = run_scenario(task, ["honest"] * 3, "closed", certificates=True)
+    check_honest_peers(outcome)
+    # under load a peer may miss a round and download the state instead
+    assert sum(s["averaged"] for s in outcome.stats) >= 2 * EPOCHS, outcome.stats
+    assert not any(outcome.flags), outcome.flags
+
+
+@pytest.mark.slow
+def test_three_honest_peers_and_an_inflater(task, honest_run):
+    outcome = run_scenario(task, ["honest"] * 3 + ["inflater"], "inflater")
+    check_honest_peers(outcome, honest_run, ATTACK_BOUND)
+    check_inflater_capped(outcome)
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(reason="a known hole: a peer that has just started and has heard only "
+                          "the liar follows its epoch (docs/progress.md, the quorum's limits), "
+                          "downloads its state as the lone donor's, and then, ahead of the "
+                          "quorum, never syncs back", strict=False)
+def test_a_liar_from_the_first_step(task, honest_run):
+    """The liar claims epoch 10**6 before the honest peers have heard of each other."""
+    outcome = run_scenario(task, ["honest"] * 3 + ["liar0"], "liar0")
+    check_honest_peers(outcome, honest_run)
+    check_liar_flagged(outcome)
+
+
+@pytest.mark.slow
+def test_an_inflater_and_a_liar_admitted_to_a_certificate_run(task, honest_run):
+    outcome = run_scenario(task, ["honest", "honest", "inflater", "liar"], "closed-mixed",
+                           certificates=True)
+    check_honest_peers(outcome, honest_run, ATTACK_BOUND)
+    check_inflater_capped(outcome)
+    check_liar_flagged(outcome)
