@@ -95,7 +95,8 @@ SERVICES: tuple[tuple[str, ServiceBuilder], ...] = (
     ("matchmaking", lambda ctx, cfg, s: MatchmakingService(ctx, cfg.matchmaking, dht=s["dht"],
                                                            reachability=s["nat"])),
     ("averaging", lambda ctx, cfg, s: AllReduceService(
-        ctx, cfg.allreduce, weight_evidence=getattr(s["progress"], "reported_samples", None))),
+        ctx, cfg.allreduce, weight_evidence=getattr(s["progress"], "weight_evidence", None),
+        own_report=getattr(s["progress"], "signed_report", None))),
     ("state_sync", lambda ctx, cfg, s: StateSyncService(ctx, cfg.state_sync)),
 )
 

@@ -68,6 +68,7 @@ from ._state import (
     RateEMA,
     Verdict,
     check_report_values,
+    check_role_caps,
 )
 from .config import (
     MAX_ADDRS,
@@ -100,7 +101,13 @@ class ProgressStatistics(Statistics):
 @dataclasses.dataclass(frozen=True)
 class TrackerStatistics(Statistics):
     """What ``ProgressTracker.statistics()`` says: the view's size and counters
-    (every one present, from 0)."""
+    (every one present, from 0).
+
+    ``evidence_received``: reports handed in as the evidence of a claim
+    (:meth:`ProgressService.weight_evidence`); ``evidence_refused``: those
+    not taken (another peer's, or dropped by the checks of a pushed report,
+    each also counted under its ``dropped_*`` reason).
+    """
 
     run_id: str
     peers: int
@@ -117,6 +124,8 @@ class TrackerStatistics(Statistics):
     dropped_impossible: int = 0
     ignored_monitor: int = 0
     credentials_learnt: int = 0
+    evidence_received: int = 0
+    evidence_refused: int = 0
     flagged_epoch_ahead: int = 0
     pushes_sent: int = 0
     pushes_failed: int = 0
@@ -183,6 +192,36 @@ class ProgressService:
         """
         tracker = self._trackers.get(run_id)
         return None if tracker is None else tracker.reported_samples(peer, epoch)
+
+    def weight_evidence(self, run_id: str, peer: ID, epoch: int,
+                        report: Report | None = None) -> int | None:
+        """:meth:`reported_samples`, after taking ``report`` as evidence.
+
+        ``report`` is what ``peer`` itself attached to its claim (an
+        all-reduce ``ar.begin``), ``peer`` being the authenticated peer of
+        that stream.  It goes through exactly the checks of a pushed report
+        (run, values, signature, membership, role caps, staleness) and, if
+        accepted, enters the view like one; a report of another peer than
+        ``peer`` is refused.  Refused reports are counted
+        (``evidence_refused``) and change nothing.  None when this node
+        tracks no progress for ``run_id``.
+        """
+        tracker = self._trackers.get(run_id)
+        if tracker is None:
+            return None
+        if report is not None:
+            tracker._take_evidence(report, peer)
+        return tracker.reported_samples(peer, epoch)
+
+    def signed_report(self, run_id: str, epoch: int) -> Report | None:
+        """This node's own last signed report for ``run_id`` at ``epoch``.
+
+        Kept for the node's two latest epochs (a round of epoch ``e`` may run
+        while the tracker already is at ``e + 1``); None when the node tracks
+        no such run or signed no report at that epoch.
+        """
+        tracker = self._trackers.get(run_id)
+        return None if tracker is None else tracker._own_by_epoch.get(epoch)
 
     async def handle(self, ctx: RequestContext, request: Message) -> Message:
         assert isinstance(request, Push)
@@ -262,6 +301,7 @@ class ProgressTracker:
         self._samples = 0
         self._rate_override: float | None = None
         self._own: Report | None = None
+        self._own_by_epoch: dict[int, Report] = {}   # the two latest epochs' last own reports
         self._signed: dict[bytes, Report] = {}
         self._contacts: dict[bytes, float] = {}   # peer -> wall time its membership ends
         self._pending: dict[bytes, bool] = {}     # peer -> a push is due (with a reply wanted)
@@ -538,6 +578,56 @@ class ProgressTracker:
             self._service._flags.flag(peer, self.run_id, kind, now, detail)
         return verdict
 
+    def _take_evidence(self, report: Report, sender: ID) -> None:
+        """A report ``sender`` attached to a claim of its own: taken like its push."""
+        self._counters["evidence_received"] += 1
+        now = self._clock()
+        taken = False
+        if report.peer_id != sender.to_bytes():
+            logger.debug("run %s: %s attached a report of another peer (%s) to its claim",
+                         self.run_id, sender, _short(report.peer_id))
+        else:
+            known = self._signed.get(report.peer_id)
+            verdict = self._absorb(report, sender, now)
+            taken = verdict in (Verdict.ACCEPTED, Verdict.STALE)
+            if verdict is Verdict.STALE and known is not None and report.epoch < known.epoch:
+                # The peer already reports a later epoch (its round of this one
+                # runs with delayed updates) and the push of this report may
+                # have been overtaken: still evidence for its own epoch.
+                taken = self._take_late_evidence(report, now)
+        if not taken:
+            self._counters["evidence_refused"] += 1
+
+    def _take_late_evidence(self, report: Report, now: float) -> bool:
+        """Record the samples of a report older than its peer's newest one (not
+        for the view): the checks of a pushed report, its count capped as a
+        first report at its epoch."""
+        if abs(report.epoch - self._epoch) > 1:
+            return True   # no evidence is kept for that epoch: nothing to take
+        if check_report_values(_peer_report(report), now, self.config) is not None:
+            self._counters["dropped_absurd"] += 1
+            return False
+        peer = verify_report(report)
+        if peer is None:
+            self._counters["dropped_bad_signature"] += 1
+            return False
+        members = self._service._members
+        if not members.is_member(peer, self.run_id):
+            self._counters["dropped_not_member"] += 1
+            return False
+        role = members.role_of(peer, self.run_id)
+        if role is Role.MONITOR:
+            self._counters["ignored_monitor"] += 1
+            return False
+        problem = check_role_caps(_peer_report(report), None, 0.0, role,
+                                  self.target_batch_size, self.config)
+        if problem is not None:
+            self._counters["dropped_impossible"] += 1
+            self._service._flags.flag(peer, self.run_id, problem[0], now, problem[1])
+            return False
+        self._record_evidence(report)
+        return True
+
     def _on_push(self, sender: ID, request: Push) -> Reports:
         now = self._clock()
         sender_key = sender.to_bytes()
@@ -680,6 +770,9 @@ class ProgressTracker:
                                 local.samples_accumulated, local.samples_per_second, now,
                                 local.client_mode, local.auxiliary,
                                 credential=self._credential())
+        self._own_by_epoch[local.epoch] = self._own
+        for epoch in sorted(self._own_by_epoch)[:-2]:
+            del self._own_by_epoch[epoch]
         self._policy.published(local, now)
         self._counters["reports_published"] += 1
         if previous is None:

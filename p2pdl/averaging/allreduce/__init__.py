@@ -14,7 +14,8 @@ Modules:
   :class:`PartReceiver`, the results.
 * ``_service`` -- :class:`AllReduceService`: the streams of a butterfly
   all-reduce, sending, reducing and receiving at once; each sender's weight
-  bounded by what its progress reports support (``weight_evidence``).
+  bounded by what its progress reports support (``weight_evidence``), the
+  one it attaches to its ``ar.begin`` (``own_report``) included.
 """
 
 from ._messages import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
@@ -22,6 +23,7 @@ from ._messages import PROTOCOL_ID as PROTOCOL_ID
 from ._service import WEIGHT_FLAG as WEIGHT_FLAG
 from ._service import AllReduceService as AllReduceService
 from ._service import AllReduceStatistics as AllReduceStatistics
+from ._service import OwnReport as OwnReport
 from ._service import WeightEvidence as WeightEvidence
 from ._state import AllReduceResult as AllReduceResult
 from ._state import Contribution as Contribution

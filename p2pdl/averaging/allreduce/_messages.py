@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from ...progress import Report
 from ...wire import MaxLen, Message, MessageSet, Range
 from ..matchmaking.config import GROUP_ID_SIZE, MAX_CODE_LENGTH, MAX_DETAIL_LENGTH, MAX_GROUP_SIZE
 
@@ -54,7 +55,10 @@ class Begin(Message, tag="ar.begin"):
 
     ``weight``: how much its values count (samples); 0 sends no values.
     ``want_result``: send me the averaged part (False for auxiliary peers,
-    who contribute nothing and need nothing).
+    who contribute nothing and need nothing).  ``report``: the sender's own
+    latest signed progress report for the group's run and epoch, the
+    evidence of ``weight`` (None: the reducer judges by the reports it holds;
+    old senders send none, and old reducers ignore it).
     """
 
     group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
@@ -63,6 +67,7 @@ class Begin(Message, tag="ar.begin"):
     layout: Annotated[bytes, MaxLen(LAYOUT_DIGEST_SIZE)]
     weight: Annotated[float, Range(0.0, MAX_WEIGHT)]
     want_result: bool = True
+    report: Report | None = None
 
 
 class Segment(Message, tag="ar.segment"):

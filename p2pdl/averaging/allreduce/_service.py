@@ -14,8 +14,9 @@ The rules are in ``_state`` (sans-IO); this module moves the bytes over
   decoded and held (at most ``max_chunks_ahead`` per sender); a chunk is
   averaged as soon as every sender still counted has delivered it -- each
   sender's weight capped by the evidence of its progress reports
-  (``weight_evidence``) and by the share cap -- and sent back to every
-  sender that wants it.
+  (``weight_evidence``: those the node holds, and the one the sender
+  attached to its ``ar.begin``, from ``own_report`` on its side) and by the
+  share cap -- and sent back to every sender that wants it.
 
 Everything is bounded by the call's ``averaging_timeout`` and the tasks live
 in the call's nursery, except incoming streams, which run in the node's
@@ -72,15 +73,21 @@ if TYPE_CHECKING:
     import torch
     from libp2p.peer.id import ID
 
+    from ...progress import Report
     from ..matchmaking import Group
 
-__all__ = ["AllReduceService", "AllReduceStatistics", "WeightEvidence", "MAX_RECENT_GROUPS",
-           "WEIGHT_FLAG"]
+__all__ = ["AllReduceService", "AllReduceStatistics", "WeightEvidence", "OwnReport",
+           "MAX_RECENT_GROUPS", "WEIGHT_FLAG"]
 
-#: ``weight_evidence(run_id, peer, epoch)``: the largest sample count the peer's
-#: own signed progress reports for that epoch of the run support; None when this
-#: node tracks no progress for the run (no evidence either way).
-WeightEvidence = Callable[[str, "ID", int], "int | None"]
+#: ``weight_evidence(run_id, peer, epoch, report)``: the largest sample count the
+#: peer's own signed progress reports for that epoch of the run support, after
+#: taking ``report`` (the one the peer attached to its ``ar.begin``, or None) as
+#: evidence through the checks of a pushed report; None when this node tracks no
+#: progress for the run (no evidence either way).
+WeightEvidence = Callable[[str, "ID", int, "Report | None"], "int | None"]
+#: ``own_report(run_id, epoch)``: this node's own last signed progress report
+#: for that epoch of the run (None: none), attached to its ``ar.begin``.
+OwnReport = Callable[[str, int], "Report | None"]
 
 #: The FlagBook kind of a sender whose weight exceeded what its reports support.
 WEIGHT_FLAG = "weight_beyond_evidence"
@@ -148,6 +155,7 @@ class _Session:
         self.bytes_received = 0
         self.excluded: set[int] = set()
         self.times: dict[str, float] = {}
+        self.report: Report | None = None   # the evidence of our weight, for every reducer
 
     def progressed(self) -> None:
         self._progress.set()
@@ -176,24 +184,33 @@ class _Session:
 class AllReduceService:
     """Butterfly all-reduce for groups from matchmaking (``node.averaging``).
 
-    ``weight_evidence(run_id, peer, epoch)``: the largest sample count a
-    peer's own signed progress reports for that epoch support, or None where
-    this node tracks no progress for the run (the node passes
-    ``ProgressService.reported_samples``).  A reducer caps each sender's
-    weight at ``evidence * (1 + weight_slack) + weight_slack_samples``, and
-    flags (``context.flags``, kind ``weight_beyond_evidence``) and counts the
-    senders it capped.  Without it, or where it says None, only the share cap
-    (``max_weight_share``) bounds a sender's weight.
+    ``weight_evidence(run_id, peer, epoch, report)``: the largest sample
+    count a peer's own signed progress reports for that epoch support, once
+    ``report`` (what the peer attached to its ``ar.begin``, or None) was
+    taken as evidence; None where this node tracks no progress for the run
+    (the node passes ``ProgressService.weight_evidence``).  A reducer caps
+    each sender's weight at ``evidence * (1 + weight_slack) +
+    weight_slack_samples``, and flags (``context.flags``, kind
+    ``weight_beyond_evidence``) and counts the senders it capped.  Without
+    it, or where it says None, only the share cap (``max_weight_share``)
+    bounds a sender's weight.
+
+    ``own_report(run_id, epoch)``: this node's own last signed progress
+    report at that epoch (the node passes ``ProgressService.signed_report``);
+    as a sender of positive weight the node attaches it to every
+    ``ar.begin``, so that its evidence reaches the reducers with its claim.
     """
 
     def __init__(self, context: ServiceContext, config: AllReduceConfig | None = None, *,
-                 weight_evidence: WeightEvidence | None = None) -> None:
+                 weight_evidence: WeightEvidence | None = None,
+                 own_report: OwnReport | None = None) -> None:
         self._host = context.host
         self._wire = context.wire
         self._clock = context.clock
         self._flags = context.flags
         self._introduce = context.introduce
         self._evidence = weight_evidence
+        self._own_report = own_report
         self._config = config or AllReduceConfig()
         self._sessions: dict[bytes, _Session] = {}
         self._recent: collections.OrderedDict[bytes, None] = collections.OrderedDict()
@@ -271,6 +288,8 @@ class AllReduceService:
             _check_finite(flat)
         start = trio.current_time()
         session = _Session(group, me, layout, flat, float(weight), auxiliary, config, start)
+        if self._own_report is not None and session.weight > 0:
+            session.report = self._own_report(group.run_id, group.epoch)
         lo, hi = layout.part_bounds[me]
         if layout.chunks[me]:
             senders = [i for i, m in enumerate(group.members)
@@ -342,7 +361,8 @@ class AllReduceService:
             try:
                 await stream.send_message(Begin(session.group.group_id, session.me, r,
                                                 session.layout.digest, session.weight,
-                                                want_result=not session.auxiliary))
+                                                want_result=not session.auxiliary,
+                                                report=session.report))
                 async with open_service_nursery() as nursery:
                     nursery.start_soon(self._send_values, stream, session, r, sent, pending)
                     await self._receive_results(stream, session, r, receiver)
@@ -547,7 +567,7 @@ class AllReduceService:
         if begin.layout != session.layout.digest:
             raise RejectError("layout_mismatch", "tensor sizes, codecs, chunk size or plan "
                                                  "differ")
-        bound = self._weight_bound(session, sender, begin.weight)
+        bound = self._weight_bound(session, sender, begin)
         reducer.begin(sender, begin.weight, begin.want_result, trio.current_time(), bound)
         if bound is not None and begin.weight > bound:
             self._capped(session, sender, begin.weight, bound)
@@ -578,13 +598,17 @@ class AllReduceService:
             if session.handlers == 0:
                 session.handlers_idle.set()
 
-    def _weight_bound(self, session: _Session, sender: int, claimed: float) -> float | None:
+    def _weight_bound(self, session: _Session, sender: int, begin: Begin) -> float | None:
         """The most ``sender``'s weight may count: what its progress reports for
-        the group's epoch support, with the slack (None: no evidence)."""
-        if self._evidence is None or claimed <= 0:
+        the group's epoch support -- the one on its ``ar.begin`` included --
+        with the slack (None: no evidence)."""
+        if self._evidence is None or begin.weight <= 0:
             return None
         group = session.group
-        evidence = self._evidence(group.run_id, group.members[sender].peer_id, group.epoch)
+        # The member at ``sender`` is the stream's authenticated peer (checked
+        # before): the report it attached is taken as that peer's own push.
+        evidence = self._evidence(group.run_id, group.members[sender].peer_id, group.epoch,
+                                  begin.report)
         if evidence is None:
             return None
         config = session.config

@@ -59,11 +59,17 @@ class AllReduceConfig:
             where ``evidence`` is the largest sample count that sender's own
             signed progress reports for the group's epoch support (when the
             node tracks the run's progress; else there is no evidence cap).
-            The slack is for reports that lag: the training layer publishes
-            a report of exactly the samples it averages with before every
-            round, so an honest peer's weight equals its evidence unless that
-            report has not arrived yet, and then the previous one is short by
-            the last few batches.  Defaults 0.25 and 64 samples.
+            The evidence travels with the claim: a sender attaches its own
+            latest signed report for the epoch to its ``ar.begin``, and the
+            training layer signs one of exactly the samples it averages with
+            just before every round, so an honest peer's weight equals its
+            evidence and needs no slack.  The slack is for senders that
+            attach no report (older versions, or a caller whose tracker was
+            not told its count) and are judged by the last report pushed to
+            the reducer, short by the last few batches.  Defaults 0.25 and
+            0 samples: a claim beyond what was reported gains at most a
+            quarter, and a peer that reported nothing at the epoch counts
+            for nothing.
         max_weight_share: in a chunk with at least 3 contributors of
             positive weight, no contributor's weight counts for more than
             this share of the chunk's total (each above it is lowered until
@@ -87,7 +93,7 @@ class AllReduceConfig:
     max_waiting_streams: int = 256
     max_rounds: int = 4
     weight_slack: float = 0.25
-    weight_slack_samples: float = 64
+    weight_slack_samples: float = 0
     max_weight_share: float = 0.5
     max_chunks_ahead: int = 2
 

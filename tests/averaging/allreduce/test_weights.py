@@ -1,5 +1,7 @@
 """A sender's weight is bounded: by what its own progress reports support (the
-node's ``ProgressService.reported_samples``, faked here) and by the share cap.
+node's ``ProgressService.weight_evidence``, faked here; the real one with the
+report a sender attaches to its ``ar.begin`` is in test_weight_evidence.py)
+and by the share cap.
 
 A weight-inflating member claims ``2**31`` samples and sends flipped values
 (minus the honest mean); in-memory nodes, virtual time.
@@ -31,14 +33,15 @@ SLACK_SAMPLES = EXACT.weight_slack_samples
 
 def with_evidence(monkeypatch, samples):
     """Every node's progress service says ``samples[peer]`` (None: no evidence),
-    and records what it was asked."""
+    and records what it was asked (the nodes track no run: no report is attached)."""
     asked = []
 
-    def reported_samples(self, run_id, peer, epoch):
+    def weight_evidence(self, run_id, peer, epoch, report=None):
+        assert report is None
         asked.append((run_id, peer, epoch))
         return samples(peer)
 
-    monkeypatch.setattr(ProgressService, "reported_samples", reported_samples, raising=False)
+    monkeypatch.setattr(ProgressService, "weight_evidence", weight_evidence, raising=False)
     return asked
 
 
@@ -157,7 +160,7 @@ async def test_honest_rounds_with_evidence_are_unchanged_and_identical(monkeypat
 
 async def test_a_node_without_a_progress_service_method_has_only_the_share_cap(
         monkeypatch, autojump_clock):
-    monkeypatch.delattr(ProgressService, "reported_samples", raising=False)
+    monkeypatch.delattr(ProgressService, "weight_evidence", raising=False)
     async with open_memory_nodes(3) as nodes:
         await connect_all(nodes)
         weights = [1.0, 1.0, 1000.0]
