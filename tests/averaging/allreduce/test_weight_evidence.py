@@ -12,11 +12,16 @@ from __future__ import annotations
 import dataclasses
 from contextlib import AsyncExitStack
 
+import msgpack
 import pytest
+import trio
 
 from p2pdl.averaging import AllReduceConfig, CodecPolicy
+from p2pdl.averaging.allreduce._messages import SENDER_MESSAGES, Begin
+from p2pdl.errors import RemoteProtocolError
 from p2pdl.progress import ProgressTracker, sign_report
 from p2pdl.testing import open_memory_nodes
+from p2pdl.wire import encode_message
 
 from .test_service import connect_all, inputs, make_group, max_error, run_all, weighted_mean
 
@@ -35,8 +40,6 @@ def no_gossip(monkeypatch):
         return False
 
     async def no_snapshots(self):
-        import trio
-
         await trio.sleep_forever()
 
     monkeypatch.setattr(ProgressTracker, "_push", no_push)
@@ -135,3 +138,20 @@ async def test_a_report_that_does_not_back_the_claim_is_refused_and_the_sender_c
         if kind == "other_peer":   # member 1 did not learn member 0's report from it
             assert nodes[1].progress.reported_samples("run", nodes[0].peer_id, EPOCH) == 100
             assert trackers[1].statistics()["reports_accepted"] == 1   # 0's own, on its begin
+
+
+async def test_a_begin_with_or_without_a_report_decodes(autojump_clock):
+    async with open_memory_nodes(2) as nodes, AsyncExitStack() as stack:
+        await tracked(stack, nodes[:1], [30])
+        report = nodes[0].progress.signed_report("run", EPOCH)
+        begin = Begin(b"g" * 32, 0, 1, b"l" * 32, 30.0, report=report)
+        assert SENDER_MESSAGES.decode(encode_message(begin))[1] == begin
+        # An older sender's begin has no report field: it decodes as None.
+        tag, request_id, body = msgpack.unpackb(encode_message(begin), raw=False)
+        del body["report"]
+        old = msgpack.packb([tag, request_id, body], use_bin_type=True)
+        assert SENDER_MESSAGES.decode(old)[1] == dataclasses.replace(begin, report=None)
+        # A malformed report is a protocol error, as any malformed message.
+        body["report"] = {"run_id": "run"}
+        with pytest.raises(RemoteProtocolError):
+            SENDER_MESSAGES.decode(msgpack.packb([tag, request_id, body], use_bin_type=True))
