@@ -589,7 +589,11 @@ class ProgressTracker:
         else:
             known = self._signed.get(report.peer_id)
             verdict = self._absorb(report, sender, now)
-            taken = verdict in (Verdict.ACCEPTED, Verdict.STALE)
+            # Stale because this node holds it or a newer one: nothing new, not refused
+            # (a report older than report_ttl is refused).
+            taken = verdict is Verdict.ACCEPTED or (
+                verdict is Verdict.STALE and known is not None
+                and (report.epoch, report.time) <= (known.epoch, known.time))
             if verdict is Verdict.STALE and known is not None and report.epoch < known.epoch:
                 # The peer already reports a later epoch (its round of this one
                 # runs with delayed updates) and the push of this report may
