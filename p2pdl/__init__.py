@@ -43,13 +43,6 @@ from .dht import DHTConfig as DHTConfig
 from .dht import Schema as Schema
 from .dht import ValueWithExpiration as ValueWithExpiration
 from .errors import CallTimeoutError as CallTimeoutError
-from .membership import AllowlistRun as AllowlistRun
-from .membership import Authority as Authority
-from .membership import Certificate as Certificate
-from .membership import CertificateRun as CertificateRun
-from .membership import MembershipConfig as MembershipConfig
-from .membership import OpenRun as OpenRun
-from .membership import RevocationList as RevocationList
 from .errors import CheckpointError as CheckpointError
 from .errors import ConfigError as ConfigError
 from .errors import IdentityError as IdentityError
@@ -64,6 +57,13 @@ from .errors import RemoteProtocolError as RemoteProtocolError
 from .errors import RequestError as RequestError
 from .errors import StateSyncError as StateSyncError
 from .errors import StreamClosedError as StreamClosedError
+from .membership import AllowlistRun as AllowlistRun
+from .membership import Authority as Authority
+from .membership import Certificate as Certificate
+from .membership import CertificateRun as CertificateRun
+from .membership import MembershipConfig as MembershipConfig
+from .membership import OpenRun as OpenRun
+from .membership import RevocationList as RevocationList
 from .net import HostConfig as HostConfig
 from .progress import GlobalProgress as GlobalProgress
 from .progress import ProgressConfig as ProgressConfig

@@ -36,13 +36,13 @@ from p2pdl.averaging.matchmaking import config as mm_config
 from p2pdl.dht import DHT_PROTOCOL_ID, GROUP_PREFIX, DHTConfig, GroupMember, RoutingTable
 from p2pdl.dht import _messages as dht_messages
 from p2pdl.dht import config as dht_config
+from p2pdl.dht._service import MAINTENANCE_TICK, MIN_BOOTSTRAP_SPACING, REPUBLISH_CONCURRENCY
+from p2pdl.dht._validation import SIGNATURE_DOMAIN, signing_payload
 from p2pdl.membership import MEMBERSHIP_PROTOCOL_ID, MembershipConfig
 from p2pdl.membership import _certificates as mb_certificates
 from p2pdl.membership import _messages as mb_messages
 from p2pdl.membership import _service as mb_service
 from p2pdl.membership import config as mb_config
-from p2pdl.dht._service import MAINTENANCE_TICK, MIN_BOOTSTRAP_SPACING, REPUBLISH_CONCURRENCY
-from p2pdl.dht._validation import SIGNATURE_DOMAIN, signing_payload
 from p2pdl.nat import DIALBACK_PROTOCOL_ID, ReachabilityConfig
 from p2pdl.nat._messages import MAX_DIALBACK_ADDRS
 from p2pdl.net import HostConfig, RelayLimits

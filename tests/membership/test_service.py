@@ -15,7 +15,6 @@ from p2pdl import (
     AllowlistRun,
     Authority,
     CertificateRun,
-    NodeConfig,
     OpenRun,
     Role,
     open_node,
@@ -111,8 +110,7 @@ async def test_the_all_reduce_refuses_an_outsider_and_members_average(autojump_c
     exact = AllReduceConfig(codecs=CodecPolicy(large="none"), chunk_values=1024,
                             sender_timeout=5.0, reducer_timeout=10.0, averaging_timeout=30.0)
     async with open_memory_nodes(3) as nodes:
-        enrol(nodes[:2], authority)
-        outsider = nodes[2]
+        enrol(nodes[:2], authority)   # nodes[2] is the outsider
         members = tuple(GroupMemberInfo(n.peer_id) for n in nodes)
         group = Group(hashlib.sha256(b"closed").digest(), RUN, 1, members)
         xs = [[torch.full((3000,), float(i + 1))] for i in range(3)]

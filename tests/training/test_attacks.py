@@ -23,10 +23,9 @@ SMALL = ExampleConfig(context_length=32, d_model=32, n_layers=1, n_heads=2, batc
 #: Epochs the honest peers train to in every scenario.
 EPOCHS = 6
 TARGET = 64
-#: The run's all-reduce settings: the absolute slack on a sender's evidence is one batch,
-#: not the default 64 samples, which is this small run's whole target batch (a sender
-#: could then claim a whole epoch's worth beyond its reports).
-ALLREDUCE = AllReduceConfig(weight_slack_samples=SMALL.batch_size)
+#: The run's all-reduce settings: the defaults (a sender's weight at most a quarter above
+#: its signed report, which rides on its ar.begin; no absolute slack).
+ALLREDUCE = AllReduceConfig()
 #: Held-out loss of the honest peers over the honest run's, at the same epoch: without a
 #: weight inflater, noise only.  Measured here: honest 4-peer runs of EPOCHS epochs end
 #: within 0.2 % of each other (4.627-4.637; which batches land in an epoch depends on
