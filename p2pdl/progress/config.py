@@ -99,10 +99,11 @@ class ProgressConfig:
             target_batch_size + cap * burst_seconds`` samples (an honest peer
             steps once the collaboration has the target).  Default 2.
         join_wait: a peer still at the epoch it started with (it abstains from
-            the quorum) follows no epoch beyond its own and is not ready to
-            step until it has tracked the run this long, so that it hears the
-            swarm before it believes a lone voice.  At most ``report_ttl``.
-            Default 5 s (a heartbeat: every connected peer has reported by then).
+            the quorum) follows no epoch more than one beyond its own, and does
+            not step while one is in view, until it has tracked the run this
+            long, so that it hears the swarm before it believes a lone voice.
+            At most ``report_ttl``.  Default 5 s (a heartbeat: every connected
+            peer has reported by then).
     """
 
     heartbeat_interval: float = 5.0

@@ -383,6 +383,17 @@ def test_a_fresh_peer_follows_only_after_join_wait(heard, waited, quorum, epoch,
         (quorum, epoch, ready, ahead)
 
 
+def test_a_fresh_run_steps_within_join_wait_and_a_held_peer_wakes_at_its_end():
+    # Nobody beyond the local epoch: nothing is held, the target makes it ready.
+    v = joining_view({b"a": 0, b"b": 0}, waited=1.0)
+    v.set_local(report(ME, 980, 0.0, T, epoch=0), votes=False)
+    assert v.global_progress(T).ready_to_step
+    # Held by a higher epoch: it is due to look again when join_wait ends.
+    v = joining_view({b"liar": LIAR}, waited=1.0)
+    assert v.ready_at(T) == T + 4.0
+    assert v.global_progress(T + 4.0).epoch == LIAR
+
+
 def test_a_peer_with_an_epoch_of_its_own_does_not_wait():
     v = view(join_wait=5.0)
     v.set_local(report(ME, 0, 0.0, T, epoch=3))       # resumed a checkpoint: it votes at once
