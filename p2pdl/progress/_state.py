@@ -10,6 +10,11 @@ with the epoch set by a quorum rather than by the highest report:
   ``quorum_fraction`` of the live trainers (non-client, non-auxiliary peers,
   the local one included once it has an epoch of its own, see
   :meth:`ProgressView.set_local`) report or exceed;
+* a local peer that abstains follows no epoch more than one beyond its own
+  (and is not ready to step while one is in view) for ``join_wait`` after it started
+  tracking (its first
+  :meth:`ProgressView.set_local`): a fresh peer that has heard only a liar
+  claiming a far epoch waits until the swarm's reports, which vote, arrive;
 * the global epoch is the highest epoch of the local peer and of the
   non-client peers that is at most Q + 1 (a trainer one epoch ahead has just
   stepped); a non-client peer more than one epoch ahead of Q is **ahead**:
@@ -196,6 +201,7 @@ class ProgressView:
         self._offsets: dict[bytes, float] = {}
         self.local = PeerReport(local_peer, 0, 0, 0.0, 0.0)
         self.local_votes = True
+        self.tracking_since: float | None = None   # the first set_local's time
         self.last_problem: tuple[str, str] | None = None
 
     # -- input ----------------------------------------------------------------
@@ -203,7 +209,10 @@ class ProgressView:
     def set_local(self, report: PeerReport, *, votes: bool = True) -> None:
         """The local peer's state.  ``votes``: whether its epoch counts in the
         quorum (a peer that just started, at an epoch nobody gave it, abstains:
-        its epoch is no evidence against the others')."""
+        its epoch is no evidence against the others').  The first call's
+        ``report.time`` is when the view started tracking (``join_wait``)."""
+        if self.tracking_since is None:
+            self.tracking_since = report.time
         self.local = report
         self.local_votes = votes
 
@@ -302,6 +311,11 @@ class ProgressView:
         for report, _ in others:
             if not report.client_mode and report.epoch <= quorum + 1:
                 epoch = max(epoch, report.epoch)
+        # One epoch beyond is a peer that has just stepped (it moves the
+        # others anyway); more is a claim a fresh peer checks with the swarm.
+        held = epoch > local.epoch + 1 and self.joining(now)
+        if held:   # not yet: the swarm's reports may still be on their way
+            epoch = local.epoch
         reported = 0
         estimated = 0.0
         total_sps = 0.0
@@ -325,8 +339,8 @@ class ProgressView:
             eta = now + remaining / total_sps
         else:
             eta = math.inf
-        ready = (epoch > local.epoch or reported >= self.target_batch_size
-                 or now >= eta + self.config.eta_grace)
+        ready = not held and (epoch > local.epoch or reported >= self.target_batch_size
+                                 or now >= eta + self.config.eta_grace)
         return GlobalProgress(
             epoch=epoch, samples_accumulated=reported, estimated_samples=estimated,
             target_batch_size=self.target_batch_size, num_peers=len(live),
@@ -335,11 +349,20 @@ class ProgressView:
             samples_per_second=total_sps, eta_next_epoch=eta, ready_to_step=ready, time=now,
             quorum_epoch=quorum, ahead=ahead)
 
+    def joining(self, now: float) -> bool:
+        """Whether the local peer abstains and started tracking less than
+        ``join_wait`` ago: it follows no epoch beyond its own yet."""
+        return (not self.local_votes and self.tracking_since is not None
+                and now < self.tracking_since + self.config.join_wait)
+
     def ready_at(self, now: float) -> float:
         """When the local peer becomes ready if no new report arrives (``now`` if it is)."""
         progress = self.global_progress(now)
         if progress.ready_to_step:
             return now
+        if progress.quorum_epoch > self.local.epoch + 1 and self.joining(now):
+            assert self.tracking_since is not None
+            return self.tracking_since + self.config.join_wait   # then it may follow
         return progress.eta_next_epoch + self.config.eta_grace
 
 

@@ -98,6 +98,12 @@ class ProgressConfig:
             node takes may carry at most ``first_report_factor *
             target_batch_size + cap * burst_seconds`` samples (an honest peer
             steps once the collaboration has the target).  Default 2.
+        join_wait: a peer still at the epoch it started with (it abstains from
+            the quorum) follows no epoch more than one beyond its own, and does
+            not step while one is in view, until it has tracked the run this
+            long, so that it hears the swarm before it believes a lone voice.
+            At most ``report_ttl``.  Default 5 s (a heartbeat: every connected
+            peer has reported by then).
     """
 
     heartbeat_interval: float = 5.0
@@ -125,6 +131,7 @@ class ProgressConfig:
     max_client_samples_per_second: float = 1e6
     burst_seconds: float = 2.0
     first_report_factor: float = 2.0
+    join_wait: float = 5.0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -144,6 +151,8 @@ class ProgressConfig:
         if self.heartbeat_interval >= self.report_ttl:
             raise ConfigError("ProgressConfig.heartbeat_interval must be below report_ttl, "
                               "or live peers would expire between their reports")
+        if self.join_wait > self.report_ttl:
+            raise ConfigError("ProgressConfig.join_wait must be at most report_ttl")
         if self.quorum_fraction >= 1:
             raise ConfigError("ProgressConfig.quorum_fraction must be below 1 "
                               "(more than all trainers can never agree)")

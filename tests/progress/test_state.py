@@ -337,6 +337,7 @@ def test_two_peers_a_lone_honest_peer_ignores_a_liar_far_ahead():
 
 def test_a_joiner_that_does_not_vote_follows_the_swarm_it_joins():
     v = view()
+    v.set_local(report(ME, 0, 0.0, T - 5.0, epoch=0), votes=False)   # tracking for join_wait
     v.set_local(report(ME, 0, 0.0, T, epoch=0), votes=False)
     trainers(v, {b"a": 40})          # even a single veteran: the joiner is no evidence
     g = v.global_progress(T)
@@ -344,6 +345,66 @@ def test_a_joiner_that_does_not_vote_follows_the_swarm_it_joins():
     v.set_local(report(ME, 0, 0.0, T, epoch=0), votes=False)
     trainers(v, {b"b": 40, b"c": 39})
     assert v.global_progress(T).epoch == 40
+
+
+def joining_view(epochs: dict[bytes, int], *, waited: float) -> ProgressView:
+    """A fresh local peer (abstaining, at epoch 0) that started tracking ``waited`` s
+    before T, and heard ``epochs`` at T."""
+    v = view(join_wait=5.0)
+    v.set_local(report(ME, 0, 0.0, T - waited, epoch=0), votes=False)
+    v.set_local(report(ME, 0, 0.0, T, epoch=0), votes=False)
+    trainers(v, epochs)
+    return v
+
+
+LIAR = 10**6
+
+
+@pytest.mark.parametrize("heard, waited, quorum, epoch, ready, ahead", [
+    # a fresh run, the liar heard first: the fresh peer waits for the swarm
+    ({b"liar": LIAR}, 1.0, LIAR, 0, False, set()),
+    # ... which it hears within join_wait: two honest voices at 0 outvote it
+    ({b"liar": LIAR, b"a": 0, b"b": 0}, 5.0, 0, 0, False, {b"liar"}),
+    # still only the liar after join_wait: word against word, it follows
+    ({b"liar": LIAR}, 5.0, LIAR, LIAR, True, set()),
+    # a veteran swarm and one joiner: it follows once join_wait has passed
+    ({b"v": 40}, 1.0, 40, 0, False, set()),
+    ({b"v": 40}, 5.0, 40, 40, True, set()),
+    ({b"v1": 40, b"v2": 41}, 5.0, 40, 41, True, set()),
+    # two veterans and two joiners (the other joiner votes at 0): it follows
+    ({b"v1": 40, b"v2": 40, b"j": 0}, 5.0, 40, 40, True, set()),
+    # one veteran and two joiners: the joiners outvote it and do not follow
+    ({b"v": 40, b"j": 0}, 5.0, 0, 0, False, {b"v"}),
+], ids=["liar-first", "fresh-run-liar", "liar-alone", "joiner-waiting", "joiner",
+        "joiner-of-two", "two-veterans-two-joiners", "one-veteran-two-joiners"])
+def test_a_fresh_peer_follows_only_after_join_wait(heard, waited, quorum, epoch, ready, ahead):
+    g = joining_view(heard, waited=waited).global_progress(T)
+    assert (g.quorum_epoch, g.epoch, g.ready_to_step, set(g.ahead)) == \
+        (quorum, epoch, ready, ahead)
+
+
+def test_a_fresh_run_steps_within_join_wait_and_a_held_peer_wakes_at_its_end():
+    # Nobody beyond the local epoch: nothing is held, the target makes it ready.
+    v = joining_view({b"a": 0, b"b": 0}, waited=1.0)
+    v.set_local(report(ME, 980, 0.0, T, epoch=0), votes=False)
+    assert v.global_progress(T).ready_to_step
+    # Held by a higher epoch: it is due to look again when join_wait ends.
+    v = joining_view({b"liar": LIAR}, waited=1.0)
+    assert v.ready_at(T) == T + 4.0
+    assert v.global_progress(T + 4.0).epoch == LIAR
+
+
+def test_a_peer_with_an_epoch_of_its_own_does_not_wait():
+    v = view(join_wait=5.0)
+    v.set_local(report(ME, 0, 0.0, T, epoch=3))       # resumed a checkpoint: it votes at once
+    trainers(v, {b"a": 4})
+    g = v.global_progress(T)
+    assert g.epoch == 4 and g.ready_to_step
+
+
+def test_join_wait_is_bounded_by_report_ttl():
+    with pytest.raises(ConfigError):
+        ProgressConfig(join_wait=16.0, report_ttl=15.0)
 
 
 def test_a_peer_ahead_of_the_quorum_keeps_its_own_epoch():

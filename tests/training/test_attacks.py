@@ -140,10 +140,6 @@ def test_three_honest_peers_and_an_inflater(task, honest_run):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="a known hole: a peer that has just started and has heard only "
-                          "the liar follows its epoch (docs/progress.md, the quorum's limits), "
-                          "downloads its state as the lone donor's, and then, ahead of the "
-                          "quorum, never syncs back", strict=False)
 def test_a_liar_from_the_first_step(task, honest_run):
     """The liar claims epoch 10**6 before the honest peers have heard of each other."""
     outcome = run_scenario(task, ["honest"] * 3 + ["liar0"], "liar0")
