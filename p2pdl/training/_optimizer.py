@@ -19,7 +19,9 @@ What happens in ``step``:
 
 Around that: a peer that joins late or falls behind downloads the state
 (parameters, optimizer state, epoch) from peers at the newest epoch
-(``node.state_sync``); state is checkpointed atomically every N epochs and a
+(``node.state_sync``), and so does a peer whose round found no group while
+the others stepped that epoch without it (rather than a local step that
+would drift apart); state is checkpointed atomically every N epochs and a
 restart resumes from the newest of checkpoint and swarm; with
 ``delay_updates`` the averaging runs in the node's thread while the next
 batches compute, and its result is applied one step late.
@@ -36,6 +38,7 @@ its own thread), used only through :class:`~p2pdl.training.TrainingNode`;
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -51,6 +54,8 @@ if TYPE_CHECKING:
     from ..progress import GlobalProgress
 
 __all__ = ["Optimizer", "OptimizerConfig", "RoundInfo"]
+
+logger = logging.getLogger(__name__)
 
 
 class Optimizer:
@@ -231,7 +236,20 @@ class Optimizer:
             self._reset_accumulation()
             keeper.epoch = epoch + 1   # announced once the group has formed
             return False
-        stepped = self._conclude(self.rounds.run(epoch, sent, samples, alone=alone))
+        result = self.rounds.run(epoch, sent, samples, alone=alone)
+        if result.info.outcome == "failed":
+            swarm_epoch = self._tracker.global_progress().epoch
+            if swarm_epoch > epoch:
+                # The others formed this epoch's group without this peer and stepped:
+                # a local step would only drift apart, so take their state instead.
+                logger.info("run %s epoch %d: the swarm stepped to %d without this peer; "
+                            "taking its state instead of a local step", self.run_id, epoch,
+                            swarm_epoch)
+                self.last_round = result.info
+                self._reset_accumulation()
+                self._catch_up(swarm_epoch)
+                return False
+        stepped = self._conclude(result)
         self._reset_accumulation()
         self._advance(epoch + 1)
         keeper.after_step()

@@ -88,10 +88,14 @@ def check_honest_peers(outcome: Outcome, reference: Outcome | None = None,
 def check_inflater_capped(outcome: Outcome) -> None:
     inflater = outcome.of("inflater")
     assert outcome.stats[inflater]["inflated_steps"] >= 1
-    # every honest reducer lowered its weight to its evidence, and flagged it
+    # every honest reducer lowered its weight to its evidence, and flagged it.  Under load
+    # an honest peer may average in no round at all (it follows by downloading the state
+    # each epoch): it reduced nothing, so it had nothing to cap.
     flags = outcome.flags_on(inflater)
     assert flags.get("weight_beyond_evidence", 0) >= 1, outcome.flags
-    assert all(outcome.allreduce[i]["weights_capped"] >= 1 for i in outcome.honest()), \
+    reducers = [i for i in outcome.honest() if outcome.allreduce[i]["completed"] >= 1]
+    assert len(reducers) >= 2, (outcome.allreduce, outcome.stats)
+    assert all(outcome.allreduce[i]["weights_capped"] >= 1 for i in reducers), \
         outcome.allreduce
 
 

@@ -457,6 +457,24 @@ def test_a_failed_round_applies_on_failure_and_holds_the_next_round_for_the_chec
     opt.close()
 
 
+def test_a_failed_round_after_which_the_swarm_moved_on_takes_its_state_not_a_local_step():
+    """The others formed the epoch's group without this peer and stepped: no local step
+    (it would drift apart); it catches up instead (here: no state sync, so it adopts)."""
+    node = FakeNode()
+    # before the batch, after reporting it, and after the failed round: the others at 1
+    node.tracker.view = [fake_progress(0, ready=True), fake_progress(0, ready=True),
+                         fake_progress(1)]
+    node.averaging.futures.append(failed_round())
+    opt, model = offline(node, state_sync=False)
+    model.weight.grad = torch.tensor([[1.0, -1.0]])
+    assert opt.step() is False
+    assert torch.equal(model.weight, torch.tensor([[1.0, 2.0]]))   # no local step
+    assert opt.local_epoch == 1 and opt.samples_accumulated == 0
+    assert opt.last_round.outcome == "failed" and not opt.state_keeper.suspect
+    assert node.tracker.epochs[-1] == 1
+    opt.close()
+
+
 def test_statistics_name_every_counter():
     opt, _ = offline(FakeNode())
     assert list(opt.statistics()) == [

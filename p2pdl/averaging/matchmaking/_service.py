@@ -63,6 +63,7 @@ from ._state import (
     check_run,
     expected_members,
     group_from_formed,
+    late_members,
     next_leader,
     plan_groups,
 )
@@ -99,7 +100,8 @@ class MatchmakingStatistics(Statistics):
     unreachable, gone or silent); ``bad_answers``, answers that failed the checks
     (a group with a member that may not average among them);
     ``non_members_skipped``, leaders not joined because they are no averaging
-    members of the run."""
+    members of the run; ``late_members_awaited``, groups whose leader, about to
+    finalize early, saw peers that announced since it planned and waited for them."""
 
     active_rounds: int
     held_joins: int
@@ -115,6 +117,7 @@ class MatchmakingStatistics(Statistics):
     joins_refused: int = 0
     non_members_skipped: int = 0
     view_fetches: int = 0
+    late_members_awaited: int = 0
 
 
 #: The counters of :meth:`MatchmakingService.statistics`.
@@ -360,7 +363,8 @@ class MatchmakingService:
                 return None
             if choice == me.peer_id:
                 expected = expected_members(plan, me.peer_id, excluded, closed)
-                group = await self._lead(session, expected, params, deadline, notes)
+                group = await self._lead(session, expected, params, deadline, notes,
+                                         recheck=(name, set(view)))
                 if group is not None:
                     return group
                 excluded.add(me.peer_id)
@@ -387,7 +391,11 @@ class MatchmakingService:
         return view
 
     async def _lead(self, session: _Session, expected: frozenset[ID] | None, params: _Params,
-                    deadline: float, notes: list[str]) -> Group | None:
+                    deadline: float, notes: list[str],
+                    recheck: tuple[str, set[ID]] | None = None) -> Group | None:
+        """Lead a group.  ``recheck``: the round's DHT key and the peers the plan was
+        made from; once every expected member joined, the view is read once more
+        (:func:`late_members`) before finalizing early."""
         round_ = session.round
         _load_planner()  # before the join window starts: the first import takes ~0.5 s
         now = trio.current_time()
@@ -396,9 +404,25 @@ class MatchmakingService:
         session.notify()
         logger.debug("matchmaking %s/%d: leading, expecting %s", round_.run_id, round_.epoch,
                      "leftovers" if expected is None else len(expected))
-        while not state.ready(trio.current_time()):
+        while True:
+            while not state.ready(trio.current_time()):
+                with trio.move_on_at(finalize_at):
+                    await session.wait_changed()
+            if recheck is None or expected is None \
+                    or not state.waits_only_for_expected(trio.current_time()):
+                break
+            name, seen = recheck
+            recheck = None
             with trio.move_on_at(finalize_at):
-                await session.wait_changed()
+                fresh = await self._fetch_view(name, round_.me)
+                late = late_members(round_.run_id, round_.epoch, round_.me.peer_id, seen,
+                                    fresh.values(), params.target_group_size)
+                late = frozenset(p for p in late if self._averages(p, round_.run_id))
+                if late:
+                    self._counters["late_members_awaited"] += 1
+                    logger.debug("matchmaking %s/%d: waiting for %d late member(s)",
+                                 round_.run_id, round_.epoch, len(late))
+                    state.expect(late)
         run_id = round_.run_id
         group = state.finalize(trio.current_time(),
                                lambda p: self._host.is_connected(p) and self._averages(p, run_id))

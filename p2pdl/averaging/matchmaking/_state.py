@@ -55,7 +55,7 @@ from .config import MAX_EPOCH, MAX_PEER_ID_SIZE, MAX_RATE, MIN_RATE
 
 __all__ = ["ORDER_DOMAIN", "GROUP_ID_DOMAIN", "FRACTION_TOLERANCE", "GroupMemberInfo", "Group",
            "PlannedGroup", "Plan", "order_key", "compute_group_id", "plan_groups",
-           "next_leader", "expected_members", "member_capacities", "plan_fractions",
+           "next_leader", "expected_members", "late_members", "member_capacities", "plan_fractions",
            "LeaderState", "MatchmakingRound", "Phase", "Refusal", "HOLD", "ACCEPTED",
            "group_from_formed", "check_run", "check_capacity", "check_fractions"]
 
@@ -360,6 +360,23 @@ def expected_members(plan: Plan, me: ID, excluded: Collection[ID],
     return frozenset(m.peer_id for m in own.members if m.peer_id not in excluded)
 
 
+def late_members(run_id: str, epoch: int, me: ID, seen: Collection[ID],
+                 fresh: Iterable[GroupMemberInfo], target_group_size: int) -> frozenset[ID]:
+    """Peers that announced after ``me`` planned (not in ``seen``) and whose first
+    choice, by the plan of the ``fresh`` view, is to join ``me``.
+
+    A leader whose expected members have all joined looks once more before it
+    finalizes early: a peer that became ready a moment later computes the
+    same plan from the fresh view, asks its first choice first, and would
+    otherwise find the group formed without it.
+    """
+    fresh = list(fresh)
+    plan = plan_groups(run_id, epoch, fresh, target_group_size)
+    return frozenset(peer.peer_id for peer in plan.ordered
+                     if peer.peer_id not in seen and peer.peer_id != me
+                     and next_leader(plan, peer, ()) == me)
+
+
 # -- verdicts ----------------------------------------------------------------------------
 
 
@@ -457,6 +474,18 @@ class LeaderState:
     def _drop_expired(self, now: float) -> None:
         for peer in [p for p, j in self.joiners.items() if j.wait_until <= now]:
             del self.joiners[peer]
+
+    def expect(self, peers: Iterable[ID]) -> None:
+        """Wait for ``peers`` too (late announcers whose plan sends them here), until
+        they join, the group is full, or the deadline."""
+        more = frozenset(peers) - {self.leader.peer_id}
+        self.expected = more if self.expected is None else self.expected | more
+
+    def waits_only_for_expected(self, now: float) -> bool:
+        """Whether :meth:`ready` holds only because every expected member joined
+        (not full, deadline not reached)."""
+        return self.ready(now) and self.size < self.target_group_size \
+            and now < self.finalize_at
 
     def ready(self, now: float) -> bool:
         """Whether to finalize now: full, the deadline, or every expected member

@@ -36,6 +36,7 @@ from p2pdl.averaging.matchmaking._state import (
     check_run,
     expected_members,
     group_from_formed,
+    late_members,
     make_group,
     member_capacities,
     plan_fractions,
@@ -266,6 +267,39 @@ def test_a_leader_finalizes_when_its_plan_joined_or_at_its_deadline():
     leftovers = leader_state(target=8, expected=None, finalize_at=10.0)
     leftovers.offer(peer(1), False, 8, 20.0, now=0.1)
     assert not leftovers.ready(9.9) and leftovers.ready(10.0)
+
+
+def test_a_leader_about_to_finalize_early_waits_for_late_announcers_that_pick_it():
+    # The leader planned from two peers; a third announced a moment later.
+    early = members(2)
+    late = GroupMemberInfo(peer(2))
+    first = plan_groups(RUN, EPOCH, early, 8).groups[0]
+    leader = first.leader
+    fresh = [*early, late]
+    got = late_members(RUN, EPOCH, leader, {m.peer_id for m in early}, fresh, 8)
+    fresh_plan = plan_groups(RUN, EPOCH, fresh, 8)
+    # it is awaited exactly when its own first choice, from the fresh plan, is this leader
+    assert got == ({late.peer_id} if next_leader(fresh_plan, late, ()) == leader else set())
+    # never the peers it planned from, nor itself; nobody new: nobody awaited
+    assert late_members(RUN, EPOCH, leader, {m.peer_id for m in early}, early, 8) == set()
+    # a fresh view of many peers in several groups: only those planned into its group
+    many = members(20)
+    seen = {m.peer_id for m in many[:10]}
+    lead = plan_groups(RUN, EPOCH, many[:10], 4).groups[0].leader
+    awaited = late_members(RUN, EPOCH, lead, seen, many, 4)
+    big = plan_groups(RUN, EPOCH, many, 4)
+    assert awaited == {m.peer_id for m in many[10:] if next_leader(big, m, ()) == lead}
+    # the leader's state (peer 0 leads): ready once the plan joined; expecting more
+    # holds it open
+    state = leader_state(target=8, expected={peer(1)}, finalize_at=10.0)
+    state.offer(peer(1), False, 8, 20.0, now=0.1)
+    assert state.ready(0.1) and state.waits_only_for_expected(0.1)
+    state.expect({peer(2), peer(0)})   # the leader itself is never awaited
+    assert not state.ready(0.2) and state.expected == {peer(1), peer(2)}
+    state.offer(peer(2), False, 8, 20.0, now=0.3)
+    assert state.ready(0.3)
+    # full or at the deadline it is not waiting only for the expected
+    assert not state.waits_only_for_expected(10.0)
 
 
 def test_finalizing_drops_joiners_that_stopped_waiting_or_disconnected():
