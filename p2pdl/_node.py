@@ -123,6 +123,29 @@ class NodeStatistics(Statistics):
     state_sync: Statistics
 
 
+class _BansGate:
+    """The node's gate with its bans: a peer banned from a run (the flag
+    book's) is refused there and is no member of it; the rest is the inner
+    gate's."""
+
+    def __init__(self, gate: Any, flags: FlagBook, clock: Callable[[], float]) -> None:
+        self.gate = gate
+        self.flags = flags
+        self.clock = clock
+
+    def admit(self, peer: ID, protocol_id: str, run_id: str | None) -> Refusal | None:
+        if self.flags.is_banned(peer, run_id, self.clock()):
+            return Refusal("banned from this run (docs/security.md, Bans)")
+        return self.gate.admit(peer, protocol_id, run_id)
+
+    def is_member(self, peer: ID, run_id: str) -> bool:
+        return not self.flags.is_banned(peer, run_id, self.clock()) \
+            and self.gate.is_member(peer, run_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.gate, name)
+
+
 class _BothGates:
     """A user's gate and the node's membership: a request passes only if both admit it."""
 
@@ -185,7 +208,8 @@ class TrioNode:
         membership: MembershipService = self._services["membership"]
         # The node's gate is its membership (the Gatekeeper still counts and logs);
         # a user's own gate is asked first.
-        self._gate.gate = membership if admission is None else _BothGates(admission, membership)
+        self._gate.gate = _BansGate(membership if admission is None
+                                    else _BothGates(admission, membership), self._flags, clock)
         self.dht.scope_run_keys(SNAPSHOT_PREFIX, lambda rest: rest)
         self.dht.set_run_guard(membership.has_policy)
         for policy in runs:

@@ -19,6 +19,7 @@ import atexit
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -237,6 +238,11 @@ class Node:
         kind), in ``run_id`` or in every run: ``node.flags.flagged`` of the trio node."""
         return self.portal.run_sync(lambda: self.trio_node.flags.flagged(run_id))
 
+    def banned(self, run_id: str | None = None) -> dict[str, dict[str, object]]:
+        """Peers this node bans (base58 id -> run, until, reason), in ``run_id``
+        or in every run: ``node.flags.banned`` of the trio node."""
+        return self.portal.run_sync(lambda: self.trio_node.flags.banned(run_id, time.time()))
+
     def connect(self, address: str, *, timeout: float | None = None,
                 return_future: bool = False) -> Any:
         node = self.trio_node
@@ -336,6 +342,11 @@ class AsyncioNode:
         """:meth:`Node.flagged`, awaited."""
         return await asyncio.to_thread(self._portal.run_sync,
                                        lambda: self._trio.flags.flagged(run_id))
+
+    async def banned(self, run_id: str | None = None) -> dict[str, dict[str, object]]:
+        """:meth:`Node.banned`, awaited."""
+        return await asyncio.to_thread(self._portal.run_sync,
+                                       lambda: self._trio.flags.banned(run_id, time.time()))
 
     async def shutdown(self) -> None:
         await asyncio.to_thread(self._node.shutdown)

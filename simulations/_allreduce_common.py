@@ -136,6 +136,9 @@ def worker_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--numel", type=int, required=True)
     parser.add_argument("--timeout", type=float, required=True,
                         help="seconds left for the whole run: bound every wait by it")
+    parser.add_argument("--aggregator", default="mean",
+                        help="p2pdl's aggregation rule (p2pdl.averaging.AGGREGATORS; "
+                             "bench_robust.py); other systems take only the mean")
     args = parser.parse_args(argv)
     args.deadline = time.time() + args.timeout
     return args
@@ -155,6 +158,7 @@ class Worker:
         self.args = worker_args(argv)
         self.rank, self.peers = self.args.rank, self.args.peers
         self.rounds, self.codec, self.numel = self.args.rounds, self.args.codec, self.args.numel
+        self.aggregator: str = self.args.aggregator
         self.deadline: float = self.args.deadline
         self.weight = weight(self.rank)
         self.total_weight = sum(weight(i) for i in range(self.peers))

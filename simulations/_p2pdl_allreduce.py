@@ -10,7 +10,9 @@ of the group of all N peers in rank order, with id SHA-256("bench-allreduce/<r>"
 (``node.averaging.all_reduce(group, tensors, weight=w_i)``), timed from the
 go to the averaged tensors in hand.  Codec ``none`` sends every tensor as
 float32; ``fp16`` sends tensors of at least 65536 values in fp16 and the
-smaller ones exact (the default ``CodecPolicy``).
+smaller ones exact (the default ``CodecPolicy``).  ``--aggregator`` (default
+``mean``) picks the reducers' rule (bench_robust.py times ``centered_clip``;
+its results are then not the weighted mean the check compares with).
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ import trio
 from libp2p.peer.id import ID
 
 import p2pdl
-from p2pdl.averaging import AllReduceConfig, CodecPolicy, Group, GroupMemberInfo
+from p2pdl.averaging import Aggregator, AllReduceConfig, CodecPolicy, Group, GroupMemberInfo
 from p2pdl.testing import loopback_config
 from simulations._allreduce_common import Worker, log
 
 
 async def run(worker: Worker) -> None:
     config = AllReduceConfig(codecs=CodecPolicy(large=worker.codec),
-                             averaging_timeout=min(120.0, max(1.0, worker.left())))
+                             averaging_timeout=min(120.0, max(1.0, worker.left())),
+                             aggregator=Aggregator(worker.aggregator))
     async with p2pdl.open_node(loopback_config()) as node:
         infos = await trio.to_thread.run_sync(
             worker.exchange, {"addr": f"{node.addrs[0]}/p2p/{node.peer_id}"})

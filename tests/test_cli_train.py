@@ -97,7 +97,8 @@ def test_train_help_lists_the_flags():
     for flag in ("--run-id", "--initial-peers", "--target-batch-size", "--batch-size",
                  "--client-mode", "--auxiliary", "--mode", "--delay-updates", "--peer-index",
                  "--max-epochs", "--duration", "--threads", "--bandwidth", "--eval-every",
-                 "--json-lines", "--checkpoint-dir", "--matchmaking-time"):
+                 "--json-lines", "--checkpoint-dir", "--matchmaking-time", "--aggregator",
+                 "--tau", "--clip-sent-norm"):
         assert flag in result.stdout
 
 
@@ -120,6 +121,8 @@ def test_help_lists_train_and_demo():
     (["--mode", "sgd"], "invalid choice"),
     (["--client-mode", "--auxiliary"], "not allowed with"),
     (["--peer-index", "-3"], "--peer-index: must be an integer >= 0"),
+    (["--aggregator", "krum"], "invalid choice"),
+    (["--tau", "0"], "--tau: must be a positive number"),
 ])
 def test_bad_flags_are_usage_errors(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -18,8 +18,10 @@ import p2pdl.progress as progress
 import p2pdl.training as training
 import p2pdl.wire as wire
 from p2pdl.averaging import (
+    AGGREGATORS,
     ALLREDUCE_PROTOCOL_ID,
     MATCHMAKING_PROTOCOL_ID,
+    Aggregator,
     AllReduceConfig,
     CodecPolicy,
     Layout,
@@ -358,6 +360,13 @@ def test_allreduce_definitions_match_the_code():
             assert defaults.codecs == CodecPolicy("none", "fp16", 65536)
             assert "65536" in rows["codecs"] and "fp16" in rows["codecs"]
             continue
+        if field.name == "aggregator":
+            rule = defaults.aggregator
+            assert rule.name == "mean" and rows["aggregator"].startswith("mean")
+            for name in ("tau", "iterations", "tolerance", "trim"):
+                found = re.search(rf"{name} ([0-9.e-]+)", rows["aggregator"])
+                assert found and float(found.group(1)) == getattr(rule, name), name
+            continue
         assert number(rows[field.name]) == getattr(defaults, field.name), field.name
 
 
@@ -381,6 +390,17 @@ def test_allreduce_messages_codes_and_layout_match_the_code():
     assert f"`{layout.digest.hex()}`" in text
     assert layout.part_bounds == ((0, 52502), (52502, 52502), (52502, 70003))
     assert len(layout.chunks[0]) == 53 and layout.chunks[0][0].count == 3
+    # A robust rule adds its description; the mean adds nothing.
+    clip = Aggregator("centered_clip", tau=0.5)
+    robust = Layout.for_tensors([3, 70000], [0.75, 0.0, 0.25], CodecPolicy(), 1024, clip)
+    assert robust.digest == hashlib.sha256(msgpack.packb(
+        [*msgpack.unpackb(preimage), ["centered_clip", 0.5, 100, 1e-6]])).digest()
+    for rule in ('["centered_clip", tau, iterations, tolerance]', '["trimmed_mean", trim]',
+                 '["median"]'):
+        assert rule in text
+    aggregation = text.split("\n### Aggregation\n", 1)[1].split("\n## ", 1)[0]
+    for name in AGGREGATORS:
+        assert f"| `{name}` |" in aggregation, name
 
 
 def test_statesync_definitions_match_the_code():

@@ -7,6 +7,9 @@ Two protocols, each a package of the same shape, and the pieces they share:
   ``target_group_size`` within ``matchmaking_time``, with no coordinator.
 * ``allreduce`` -- ``/p2pdl/allreduce/1.0.0`` (``node.averaging``): the group's
   butterfly all-reduce.
+* ``_aggregators`` -- sans-IO: how a reducer combines the copies of a chunk
+  (:class:`Aggregator`: the weighted mean, CenteredClip, trimmed mean,
+  median).
 * ``_balancing`` -- sans-IO: the linear program that sizes each reducer's part
   from bandwidth and compute (:func:`plan_load`), equal shares, part sizes;
   used by the matchmaking leader (the plan) and the all-reduce (its layout).
@@ -19,6 +22,8 @@ Two protocols, each a package of the same shape, and the pieces they share:
 Every public name of the two protocol packages is re-exported here.
 """
 
+from ._aggregators import AGGREGATORS as AGGREGATORS
+from ._aggregators import Aggregator as Aggregator
 from ._balancing import LoadPlan as LoadPlan
 from ._balancing import PeerCapacity as PeerCapacity
 from ._balancing import equal_shares as equal_shares
@@ -36,6 +41,7 @@ from ._codecs import codec_from_header as codec_from_header
 from ._codecs import get_codec as get_codec
 from ._round import average_round as average_round
 from .allreduce import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
+from .allreduce import OUTLIER_FLAG as OUTLIER_FLAG
 from .allreduce import WEIGHT_FLAG as WEIGHT_FLAG
 from .allreduce import AllReduceConfig as AllReduceConfig
 from .allreduce import AllReduceResult as AllReduceResult

@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from ..averaging import AGGREGATORS, Aggregator
 from ._args import (
     add_identity,
     add_initial_peers,
@@ -135,6 +136,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "alone)")
     p.add_argument("--bandwidth", type=positive_float, default=None, metavar="MBIT_S",
                    help="this peer's bandwidth in Mbit/s, for the load plan (default: unknown)")
+    p.add_argument("--aggregator", choices=list(AGGREGATORS), default="mean",
+                   help="how reducers combine the copies of each chunk: mean (default) or a "
+                        "robust rule; every peer of a run must use the same "
+                        "(docs/allreduce.md, Robust aggregation)")
+    p.add_argument("--tau", type=positive_float, default=1.0,
+                   help="CenteredClip's clipping radius per chunk (--aggregator centered_clip; "
+                        "default 1.0)")
+    p.add_argument("--clip-sent-norm", type=positive_float, default=None, metavar="NORM",
+                   help="clip what this peer sends to a round to this total norm (default: "
+                        "none)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="write checkpoints here and resume from the newest (default: none)")
     p.add_argument("--checkpoint-every", type=positive_int, default=10, metavar="EPOCHS",
@@ -352,6 +363,11 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
             options["bandwidth"] = args.bandwidth * 1e6 / 8
         if args.checkpoint_dir is not None:
             options["checkpoint_dir"] = args.checkpoint_dir
+        if args.aggregator != "mean":
+            options["allreduce"] = dataclasses.replace(
+                config.allreduce, aggregator=Aggregator(args.aggregator, tau=args.tau))
+        if args.clip_sent_norm is not None:
+            options["clip_sent_norm"] = args.clip_sent_norm
         opt = Optimizer(node=node, run_id=args.run_id,
                         optimizer=torch.optim.AdamW(model.parameters(), lr=args.lr),
                         target_batch_size=args.target_batch_size,

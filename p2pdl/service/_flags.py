@@ -2,11 +2,18 @@
 
 Services that check a member's claims against evidence (a report far ahead of
 the quorum's epoch, a weight beyond what its signed reports support, a state
-that lost the donors' vote) write what they caught here.  The book is bounded:
-it keeps at most ``max_peers`` peers (the least recently flagged dropped) and
-the last ``max_reasons`` reasons of each, with a count per reason kind.
-Flags are local knowledge: nothing here is sent to other peers, and a flag
-alone bans nobody.
+that lost the donors' vote, values far from a robust aggregate) write what
+they caught here.  The book is bounded: it keeps at most ``max_peers`` peers
+(the least recently flagged dropped) and the last ``max_reasons`` reasons of
+each, with a count per reason kind.
+
+Bans: a peer flagged ``ban_after[kind]`` times for one kind in one run is
+banned from that run for ``ban_seconds`` (by default: ``outlier_values``
+three times, for an hour).  The node's admission gate then refuses it on
+every run-scoped protocol of that run, and the node treats it as no member
+(it joins no group it leads, sends it no values).  Other kinds never ban on
+their own: an honest report may lag, an honest donor may be behind.  Flags
+and bans are local knowledge: nothing here is sent to other peers.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ import logging
 
 from libp2p.peer.id import ID
 
-__all__ = ["Flag", "FlagBook", "MAX_FLAGGED_PEERS", "MAX_REASONS_PER_PEER"]
+__all__ = ["Flag", "FlagBook", "MAX_FLAGGED_PEERS", "MAX_REASONS_PER_PEER", "BAN_AFTER",
+           "BAN_SECONDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +33,10 @@ logger = logging.getLogger(__name__)
 MAX_FLAGGED_PEERS = 4096
 #: Reasons remembered per peer (the oldest dropped first; counts stay exact).
 MAX_REASONS_PER_PEER = 16
+#: Flags of one kind in one run that ban a peer from the run.
+BAN_AFTER = {"outlier_values": 3}
+#: How long a ban lasts (s).
+BAN_SECONDS = 3600.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,9 +54,18 @@ class FlagBook:
     """Flags per peer; the first flag of each peer and kind is logged at INFO."""
 
     def __init__(self, max_peers: int = MAX_FLAGGED_PEERS,
-                 max_reasons: int = MAX_REASONS_PER_PEER) -> None:
+                 max_reasons: int = MAX_REASONS_PER_PEER, *,
+                 ban_after: dict[str, int] | None = None,
+                 ban_seconds: float = BAN_SECONDS) -> None:
         self.max_peers = max_peers
         self.max_reasons = max_reasons
+        self.ban_after = dict(BAN_AFTER if ban_after is None else ban_after)
+        self.ban_seconds = float(ban_seconds)
+        # (peer, run, kind) -> flags of a banning kind; (peer, run) -> (until, why)
+        self._strikes: collections.OrderedDict[tuple[bytes, str, str], int] = \
+            collections.OrderedDict()
+        self._bans: collections.OrderedDict[tuple[bytes, str], tuple[float, str]] = \
+            collections.OrderedDict()
         self._flags: collections.OrderedDict[bytes, collections.deque[Flag]] = \
             collections.OrderedDict()
         self._counts: collections.OrderedDict[bytes, collections.Counter[str]] = \
@@ -65,6 +86,49 @@ class FlagBook:
         while len(self._flags) > self.max_peers:
             old, _ = self._flags.popitem(last=False)
             self._counts.pop(old, None)
+        threshold = self.ban_after.get(kind)
+        if threshold is not None:
+            strike = (key, run_id, kind)
+            self._strikes[strike] = self._strikes.get(strike, 0) + 1
+            self._strikes.move_to_end(strike)
+            while len(self._strikes) > self.max_peers:
+                self._strikes.popitem(last=False)
+            if self._strikes[strike] >= threshold:
+                self._strikes.pop(strike)
+                self.ban(key, run_id, now, f"{kind} {threshold} times ({detail[:120]})")
+
+    def ban(self, peer: ID | bytes, run_id: str, now: float, reason: str,
+            seconds: float | None = None) -> None:
+        """Ban ``peer`` from ``run_id`` for ``seconds`` (default ``ban_seconds``)."""
+        key = peer.to_bytes() if isinstance(peer, ID) else bytes(peer)
+        until = now + (self.ban_seconds if seconds is None else float(seconds))
+        logger.warning("run %s: banned %s for %.0f s: %s", run_id, ID(key), until - now, reason)
+        self._bans[key, run_id] = (until, reason[:200])
+        self._bans.move_to_end((key, run_id))
+        while len(self._bans) > self.max_peers:
+            self._bans.popitem(last=False)
+
+    def is_banned(self, peer: ID | bytes, run_id: str | None, now: float) -> bool:
+        """Whether ``peer`` is banned from ``run_id`` at ``now``."""
+        if run_id is None or not self._bans:
+            return False
+        key = peer.to_bytes() if isinstance(peer, ID) else bytes(peer)
+        ban = self._bans.get((key, run_id))
+        if ban is None:
+            return False
+        if ban[0] <= now:
+            del self._bans[key, run_id]
+            return False
+        return True
+
+    def banned(self, run_id: str | None = None, now: float | None = None
+               ) -> dict[str, dict[str, object]]:
+        """The bans in force (of ``run_id``, or all): base58 id -> run, until, reason."""
+        out: dict[str, dict[str, object]] = {}
+        for (key, run), (until, reason) in self._bans.items():
+            if (run_id is None or run == run_id) and (now is None or until > now):
+                out[ID(key).to_base58()] = {"run_id": run, "until": until, "reason": reason}
+        return out
 
     def flags_of(self, peer: ID | bytes) -> list[Flag]:
         key = peer.to_bytes() if isinstance(peer, ID) else bytes(peer)

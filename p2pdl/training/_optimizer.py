@@ -47,7 +47,7 @@ from ..errors import ConfigError, NodeClosedError
 from ._node_api import TrainingNode, TrainingTracker, check_training_node
 from ._rounds import RoundInfo, RoundResult, Rounds
 from ._state_keeping import CatchUp, StateKeeper
-from ._strategies import Strategy, make_strategy
+from ._strategies import Strategy, clip_total_norm, make_strategy
 from .config import MAX_STEP_SAMPLES, OptimizerConfig, check_int
 
 if TYPE_CHECKING:
@@ -230,6 +230,7 @@ class Optimizer:
         if alone and self.rounds.discovering():
             return False
         sent = self.strategy.round_tensors(samples)
+        clip_total_norm(sent, self.config.clip_sent_norm)
         if self.config.delay_updates and not alone:
             self._finish_pending(block=True)
             self.rounds.start_background(epoch, sent, samples)

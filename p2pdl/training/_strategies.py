@@ -15,6 +15,7 @@ and what it adds to the shared state.  Neither touches the network: the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -201,6 +202,21 @@ def make_strategy(config: OptimizerConfig, optimizer: torch.optim.Optimizer,
                               clip_grad_norm=config.clip_grad_norm, on_failure=config.on_failure)
     return DeDLOCStrategy(optimizer, params, clip_grad_norm=config.clip_grad_norm,
                           on_failure=config.on_failure)
+
+
+def clip_total_norm(tensors: Sequence[torch.Tensor], max_norm: float | None) -> float:
+    """Scale ``tensors`` in place so that their total norm is at most
+    ``max_norm`` (None: leave them); the norm they had."""
+    if not tensors:
+        return 0.0
+    norm = math.sqrt(math.fsum(float(torch.linalg.vector_norm(t.to(torch.float32))) ** 2
+                               for t in tensors))
+    if max_norm is not None and norm > max_norm:
+        scale = max_norm / norm
+        with torch.no_grad():
+            for t in tensors:
+                t.mul_(scale)
+    return norm
 
 
 def clip_gradients(params: Sequence[torch.Tensor], max_norm: float | None) -> None:

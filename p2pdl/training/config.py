@@ -45,6 +45,13 @@ class OptimizerConfig:
         clip_grad_norm: clip the (averaged) gradients to this total norm
             before the step (None: no clipping).  In DiLoCo mode it clips
             each inner step's gradients.
+        clip_sent_norm: clip what this peer sends to the all-reduce (its
+            mean gradients, or its DiLoCo delta) to this total norm before
+            the round (None: no clipping).  It bounds this peer's own
+            contribution, and, with a robust aggregator
+            (``AllReduceConfig.aggregator``), keeps honest peers'
+            differences comparable to CenteredClip's ``tau``: set ``tau``
+            near this norm.
         delay_updates: average in the background while the next batches
             compute and apply the result one step late (DeDLOC mode only).
         outer_lr, outer_momentum: DiLoCo's outer Nesterov SGD (0.7, 0.9 as in
@@ -78,6 +85,7 @@ class OptimizerConfig:
     mode: str = "dedloc"
     on_failure: str = "local"
     clip_grad_norm: float | None = None
+    clip_sent_norm: float | None = None
     delay_updates: bool = False
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
@@ -104,7 +112,8 @@ class OptimizerConfig:
             raise ConfigError(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.on_failure not in ON_FAILURE:
             raise ConfigError(f"on_failure must be one of {ON_FAILURE}, got {self.on_failure!r}")
-        for name in ("clip_grad_norm", "matchmaking_time", "bandwidth", "reduce_rate"):
+        for name in ("clip_grad_norm", "clip_sent_norm", "matchmaking_time", "bandwidth",
+                     "reduce_rate"):
             value = getattr(self, name)
             if value is not None and not is_positive(value):
                 raise ConfigError(f"{name} must be None or a positive number, got {value!r}")

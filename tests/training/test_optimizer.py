@@ -543,3 +543,17 @@ def test_the_weight_a_round_sends_is_the_count_just_reported_and_published():
     assert call["weight"] == 8.0 and call["epoch"] == 0
     assert published == [((8, 0), 0)]   # the report of 8 samples, before the round
     opt.close()
+
+
+def test_clip_sent_norm_bounds_what_a_round_sends():
+    node = FakeNode()
+    node.tracker.view = [fake_progress(0, ready=True)] * 3
+    opt, model = offline(node, clip_sent_norm=1.0)
+    model.weight.grad = torch.tensor([[30.0, 40.0]])   # norm 50
+    opt.step(batch_size=2)
+    (call,) = node.averaging.calls
+    (sent,) = call["tensors"]
+    assert torch.allclose(sent, torch.tensor([[0.6, 0.8]]), atol=1e-6)
+    opt.close()
+    with pytest.raises(ConfigError):
+        OptimizerConfig(clip_sent_norm=0.0)

@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from ..matchmaking import Group
 
 __all__ = ["AllReduceService", "AllReduceStatistics", "WeightEvidence", "OwnReport",
-           "MAX_RECENT_GROUPS", "WEIGHT_FLAG"]
+           "MAX_RECENT_GROUPS", "WEIGHT_FLAG", "OUTLIER_FLAG"]
 
 #: ``weight_evidence(run_id, peer, epoch, report)``: the largest sample count the
 #: peer's own signed progress reports for that epoch of the run support, after
@@ -91,6 +91,8 @@ OwnReport = Callable[[str, int], "Report | None"]
 
 #: The FlagBook kind of a sender whose weight exceeded what its reports support.
 WEIGHT_FLAG = "weight_beyond_evidence"
+#: The flag of a sender whose values lay far from a robust rule's result.
+OUTLIER_FLAG = "outlier_values"
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +113,9 @@ class AllReduceStatistics(Statistics):
     what their progress reports support (each is flagged
     ``weight_beyond_evidence``).  ``weights_share_capped``: (round, member)
     pairs whose weight the share cap lowered in some chunk of this node's part.
+    ``outliers_flagged``: (round, member) pairs whose values lay more than
+    ``outlier_factor`` times the reference distance from the robust result
+    of some chunk of this node's part (each is flagged ``outlier_values``).
     """
 
     active: int
@@ -125,6 +130,7 @@ class AllReduceStatistics(Statistics):
     protocol_errors: int = 0
     weights_capped: int = 0
     weights_share_capped: int = 0
+    outliers_flagged: int = 0
 
 
 #: The counters of :meth:`AllReduceService.statistics`.
@@ -279,7 +285,8 @@ class AllReduceService:
         except LocalProtocolError as exc:
             raise ConfigError(str(exc)) from None
         sizes = [t.numel() for t in originals]
-        layout = Layout.for_tensors(sizes, fractions, config.codecs, config.chunk_values)
+        layout = Layout.for_tensors(sizes, fractions, config.codecs, config.chunk_values,
+                                    config.aggregator)
         if auxiliary:
             flat = torch.zeros(layout.numel, dtype=torch.float32)
             weight = 0.0
@@ -297,7 +304,8 @@ class AllReduceService:
             session.reducer = PartReducer(layout, me, senders, flat[lo:hi],
                                           session.weight, me, start, config.sender_timeout,
                                           max_share=config.max_weight_share,
-                                          max_ahead=config.max_chunks_ahead)
+                                          max_ahead=config.max_chunks_ahead,
+                                          outlier_factor=config.outlier_factor)
         self._register(session)
         self._counters["rounds"] += 1
         receivers: dict[int, PartReceiver] = {}
@@ -309,6 +317,12 @@ class AllReduceService:
                         session.finalize()  # with no other sender, it is done at once
                         nursery.start_soon(self._watch_reducer, session)
                     remote = [r for r in range(len(group)) if r != me and layout.chunks[r]]
+                    now = self._clock()
+                    for r in remote:  # no values for a reducer this node bans
+                        if self._flags.is_banned(group.members[r].peer_id, group.run_id, now):
+                            errors[r] = "the reducer is banned from the run"
+                            self._counters["parts_failed"] += 1
+                    remote = [r for r in remote if r not in errors]
                     pending = len(remote)
                     sent = [0]
 
@@ -624,6 +638,20 @@ class AllReduceService:
                     peer, detail)
         self._flags.flag(peer, group.run_id, WEIGHT_FLAG, self._clock(), detail)
 
+    def _flag_outliers(self, session: _Session, outliers: dict[int, float]) -> None:
+        """Flag the senders whose values lay far from the robust result
+        (``outlier_values``: repeated, the node's flag book bans them)."""
+        group = session.group
+        for sender, ratio in sorted(outliers.items()):
+            peer = group.members[sender].peer_id
+            self._counters["outliers_flagged"] += 1
+            detail = (f"group {group.group_id.hex()[:8]} epoch {group.epoch}: values "
+                      f"{ratio:.3g}x the reference distance from the "
+                      f"{session.config.aggregator.name} result")
+            logger.info("all-reduce %s: member %d (%s): %s", group.group_id.hex()[:8], sender,
+                        peer, detail)
+            self._flags.flag(peer, group.run_id, OUTLIER_FLAG, self._clock(), detail)
+
     async def _take_values(self, stream: FramedStream, session: _Session, sender: int,
                            results: trio.CancelScope) -> None:
         """Read a sender's chunks until it ends its stream, at most
@@ -688,6 +716,8 @@ class AllReduceService:
 
     def _unregister(self, session: _Session) -> None:
         group_id = session.group.group_id
+        if session.reducer is not None and session.reducer.outliers:
+            self._flag_outliers(session, session.reducer.outliers)
         if session.reducer is not None and session.reducer.share_capped:
             self._counters["weights_share_capped"] += len(session.reducer.share_capped)
             logger.debug("all-reduce %s: the share cap lowered the weights of members %s",

@@ -32,6 +32,7 @@ import msgpack
 
 from ...errors import LocalProtocolError, RemoteProtocolError
 from ...wire import TensorHeader
+from .._aggregators import Aggregator
 from .._balancing import part_sizes
 from .._codecs import Codec, CodecPolicy, choose_codec, codec_from_header
 from ._messages import MAX_SEGMENTS, Segment
@@ -107,10 +108,14 @@ class Layout:
 
     ``sizes``: values per tensor, in order.  ``codecs``: one per tensor.
     ``fractions``: one per group member (the plan), at least one positive.
+    ``aggregator``: how reducers combine the copies of a chunk; part of the
+    digest unless it is the plain mean (so that the digest of a mean layout
+    is that of peers that know no other rule).
     """
 
     def __init__(self, sizes: Sequence[int], codecs: Sequence[Codec],
-                 fractions: Sequence[float], chunk_values: int) -> None:
+                 fractions: Sequence[float], chunk_values: int,
+                 aggregator: Aggregator | None = None) -> None:
         if len(sizes) != len(codecs):
             raise LocalProtocolError("one codec per tensor")
         if chunk_values < 1:
@@ -119,6 +124,7 @@ class Layout:
         self.codecs = tuple(codecs)
         self.fractions = tuple(float(f) for f in fractions)
         self.chunk_values = int(chunk_values)
+        self.aggregator = aggregator if aggregator is not None else Aggregator()
         self.numel = sum(self.sizes)
         counts = part_sizes(self.numel, self.fractions)
         bounds = []
@@ -133,15 +139,19 @@ class Layout:
         self.tensor_starts = tuple(tensor_starts)
         self.chunks: tuple[tuple[ChunkSpec, ...], ...] = tuple(
             self._cut(part, lo, hi) for part, (lo, hi) in enumerate(self.part_bounds))
-        self.digest = hashlib.sha256(msgpack.packb(
-            [LAYOUT_VERSION, list(self.sizes), [[c.name, c.meta()] for c in self.codecs],
-             list(self.fractions), self.chunk_values])).digest()
+        preimage: list[Any] = [LAYOUT_VERSION, list(self.sizes),
+                               [[c.name, c.meta()] for c in self.codecs],
+                               list(self.fractions), self.chunk_values]
+        if self.aggregator.name != "mean":
+            preimage.append(self.aggregator.describe())
+        self.digest = hashlib.sha256(msgpack.packb(preimage)).digest()
 
     @classmethod
     def for_tensors(cls, sizes: Sequence[int], fractions: Sequence[float],
-                    policy: CodecPolicy, chunk_values: int) -> Layout:
+                    policy: CodecPolicy, chunk_values: int,
+                    aggregator: Aggregator | None = None) -> Layout:
         return cls(sizes, [choose_codec(size, policy) for size in sizes], fractions,
-                   chunk_values)
+                   chunk_values, aggregator)
 
     def _cut(self, part: int, lo: int, hi: int) -> tuple[ChunkSpec, ...]:
         chunks: list[ChunkSpec] = []
@@ -249,8 +259,15 @@ class PartReducer:
     (the evidence of its progress reports; this member's own weight has
     none), then no contributor counts for more than ``max_share`` of the
     chunk's total (:func:`cap_shares`), and the average is the weighted mean
-    in member order.  With no positive weight at all it is the reducer's own
+    in member order -- or, with a robust aggregation rule of the layout
+    (``Layout.aggregator``), that rule's aggregate of exactly those values
+    and weights.  With no positive weight at all it is the reducer's own
     values (zeros for an auxiliary reducer), so nothing is ever NaN.
+    Under a robust rule, with at least MIN_CAPPED_CONTRIBUTORS contributors,
+    a sender whose values lie more than ``outlier_factor`` times the
+    reference distance from a chunk's result (the contributors' median
+    distance, at least ``tau`` under CenteredClip) is noted in
+    :attr:`outliers` (None: nobody is).
     :meth:`finalize` averages the chunks that became final and returns them
     in order; each is then sent to every sender that wants results, and this
     member's own copy goes through the same codec so that every member holds
@@ -267,7 +284,7 @@ class PartReducer:
     def __init__(self, layout: Layout, part: int, senders: Sequence[int],
                  local: torch.Tensor, local_weight: float, me: int, now: float,
                  sender_timeout: float, *, max_share: float = 1.0,
-                 max_ahead: int = 2**31) -> None:
+                 max_ahead: int = 2**31, outlier_factor: float | None = None) -> None:
         import torch
 
         self.layout = layout
@@ -292,6 +309,11 @@ class PartReducer:
         self.share_capped: set[int] = set()  # members whose weight the share cap lowered
         self.final = 0                      # chunks [0, final) are averaged
         self.payloads: list[memoryview] = []  # the averaged chunks as they travel
+        self.aggregator = layout.aggregator
+        self.outlier_factor = outlier_factor
+        #: member -> the largest distance/reference ratio of its values in a
+        #: chunk, for the members whose values were outliers (robust rules)
+        self.outliers: dict[int, float] = {}
 
     # -- events -----------------------------------------------------------
 
@@ -426,6 +448,20 @@ class PartReducer:
                 ready = min(ready, state.next_chunk)
         return ready
 
+    def _note_outliers(self, members: list[int], distances: list[float]) -> None:
+        """Note the contributors (not this member) whose values lay more than
+        ``outlier_factor`` times the reference distance from the chunk's
+        result: the median distance, and at least ``tau`` under CenteredClip."""
+        if self.outlier_factor is None or len(members) < MIN_CAPPED_CONTRIBUTORS:
+            return
+        reference = sorted(distances)[(len(distances) - 1) // 2]
+        if self.aggregator.name == "centered_clip":
+            reference = max(reference, self.aggregator.tau)
+        for member, distance in zip(members, distances, strict=True):
+            if member != self.me and distance > self.outlier_factor * reference:
+                ratio = distance / reference if reference > 0 else math.inf
+                self.outliers[member] = max(self.outliers.get(member, 0.0), ratio)
+
     def finalize(self) -> list[int]:
         """Average the chunks that became final; their indices, in order."""
         ready = self._ready()
@@ -446,7 +482,15 @@ class PartReducer:
                 if capped < weight:
                     self.share_capped.add(index)
             total = math.fsum(weights)
-            if total > 0:
+            positive = [(values, weight) for (_, _, values), weight
+                        in zip(entries, weights, strict=True) if weight > 0]
+            if total > 0 and self.aggregator.robust and len(positive) > 1:
+                distances = self.aggregator.aggregate([v for v, _ in positive],
+                                                      [w for _, w in positive], out)
+                assert distances is not None
+                self._note_outliers([i for (i, _, _), w in zip(entries, weights, strict=True)
+                                     if w > 0], distances)
+            elif total > 0:
                 out.zero_()
                 for (_, _, values), weight in zip(entries, weights, strict=True):
                     out.add_(values, alpha=weight / total)

@@ -6,6 +6,7 @@ import dataclasses
 
 from ...errors import ConfigError
 from ...service import is_int, is_number
+from .._aggregators import Aggregator
 from .._codecs import CodecPolicy
 
 #: Hard limits of the all-reduce, whatever a node's configuration says.
@@ -19,8 +20,8 @@ MAX_CHUNKS_AHEAD = 64           # chunks a reducer may hold per sender, at most
 class AllReduceConfig:
     """How a node averages with its group (protocols/allreduce.md).  ``all_reduce``
     takes one per call; every member of a group must use the same
-    ``chunk_values`` and ``codecs`` (they are part of the layout every member
-    checks).
+    ``chunk_values``, ``codecs`` and ``aggregator`` (they are part of the
+    layout every member checks).
 
     Attributes:
         codecs: which codec each tensor travels with, by size
@@ -75,6 +76,19 @@ class AllReduceConfig:
             this share of the chunk's total (each above it is lowered until
             it holds exactly this share; with ``n`` contributors the share is
             at least ``1/n``).  1 disables the cap.  Default 0.5.
+        aggregator: how a reducer combines the contributors' copies of each
+            chunk, once their weights are bounded (:class:`~p2pdl.averaging.
+            Aggregator`: ``mean``, ``centered_clip``, ``trimmed_mean`` or
+            ``median``).  Default the weighted mean, which is exact and not
+            robust to a member's values (docs/security.md).
+        outlier_factor: under a robust aggregator, in a chunk with at least
+            3 contributors, a sender whose values lie more than this many
+            times the reference distance from the chunk's result (the
+            contributors' median distance, and at least ``tau`` under
+            CenteredClip) is flagged ``outlier_values`` in the node's flag
+            book, once per round; the book bans a peer flagged so
+            ``BAN_AFTER`` times (docs/security.md).  None: nobody is
+            flagged.  Default 10 (> 1).
         max_chunks_ahead: a reducer reads a sender's chunks at most this
             many ahead of the first chunk still waiting for some sender, and
             holds them (decoded, float32) until that chunk can be averaged
@@ -96,6 +110,8 @@ class AllReduceConfig:
     weight_slack_samples: float = 0
     max_weight_share: float = 0.5
     max_chunks_ahead: int = 2
+    aggregator: Aggregator = dataclasses.field(default_factory=lambda: Aggregator())
+    outlier_factor: float | None = 10.0
 
     def __post_init__(self) -> None:
         def check(ok: bool, what: str) -> None:
@@ -103,6 +119,7 @@ class AllReduceConfig:
                 raise ConfigError(f"AllReduceConfig: {what}")
 
         check(isinstance(self.codecs, CodecPolicy), "codecs must be a CodecPolicy")
+        check(isinstance(self.aggregator, Aggregator), "aggregator must be an Aggregator")
         check(is_int(self.chunk_values)
               and MIN_CHUNK_VALUES <= self.chunk_values <= MAX_CHUNK_VALUES,
               f"chunk_values must be an integer in {MIN_CHUNK_VALUES}..{MAX_CHUNK_VALUES}")
@@ -123,5 +140,8 @@ class AllReduceConfig:
                   f"{name} must be a finite number >= 0")
         check(is_number(self.max_weight_share) and 0 < self.max_weight_share <= 1,
               "max_weight_share must be in (0, 1]")
+        check(self.outlier_factor is None
+              or (is_number(self.outlier_factor) and self.outlier_factor > 1),
+              "outlier_factor must be None or a number > 1")
         check(is_int(self.max_chunks_ahead) and 1 <= self.max_chunks_ahead <= MAX_CHUNKS_AHEAD,
               f"max_chunks_ahead must be an integer in 1..{MAX_CHUNKS_AHEAD}")

@@ -11,6 +11,7 @@ from typing import Annotated
 
 from ...wire import MaxLen, Message, Range, RpcProtocol
 from .config import (
+    AGGREGATION_DIGEST_SIZE,
     GROUP_ID_SIZE,
     MAX_CODE_LENGTH,
     MAX_DETAIL_LENGTH,
@@ -35,7 +36,8 @@ REJECT_CODES = {
     "disbanded": "the leader gave up its group before it formed (too small, or its round ended)",
     "wrong_epoch": "the peer is matchmaking for this run, but for another epoch",
     "unknown_run": "the peer is not matchmaking for this run",
-    "mismatch": "the request's target_group_size differs from the leader's",
+    "mismatch": "the request's target_group_size or aggregation rule differs from the "
+                "leader's",
     "expired": "the request's wait ended before the group formed",
     "busy": "the peer holds as many join requests as it may",
 }
@@ -51,7 +53,9 @@ class Join(Message, tag="mm.join"):
     """Let me into your group for this run and epoch; I wait ``wait`` seconds.
 
     ``auxiliary``, ``bandwidth`` and ``reduce_rate`` feed the leader's load
-    plan (a client-mode peer cannot be auxiliary).
+    plan (a client-mode peer cannot be auxiliary).  ``aggregation``: the
+    digest of the all-reduce aggregation rule the peer averages with
+    (``aggregation_digest``); nil: the plain mean.
     """
 
     run_id: Annotated[str, MaxLen(MAX_RUN_ID_LENGTH)]  # the same bound as service.RunId
@@ -62,6 +66,7 @@ class Join(Message, tag="mm.join"):
     auxiliary: bool = False
     bandwidth: Rate | None = None
     reduce_rate: Rate | None = None
+    aggregation: Annotated[bytes, MaxLen(AGGREGATION_DIGEST_SIZE)] | None = None
 
 
 class MemberEntry(Message, tag="mm.member"):

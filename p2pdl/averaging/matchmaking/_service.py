@@ -67,7 +67,13 @@ from ._state import (
     next_leader,
     plan_groups,
 )
-from .config import MAX_DETAIL_LENGTH, MAX_GROUP_SIZE, MAX_MATCHMAKING_TIME, MatchmakingConfig
+from .config import (
+    AGGREGATION_DIGEST_SIZE,
+    MAX_DETAIL_LENGTH,
+    MAX_GROUP_SIZE,
+    MAX_MATCHMAKING_TIME,
+    MatchmakingConfig,
+)
 
 __all__ = ["MatchmakingService", "MatchmakingStatistics", "round_key", "run_of_round_key",
            "REPLY_MARGIN", "JOIN_SLACK",
@@ -221,7 +227,8 @@ class MatchmakingService:
                          matchmaking_time: float | None = None,
                          min_group_size: int | None = None, auxiliary: bool = False,
                          bandwidth: float | None = None,
-                         reduce_rate: float | None = None) -> Group:
+                         reduce_rate: float | None = None,
+                         aggregation: bytes | None = None) -> Group:
         """Form an averaging group with the other peers ready for ``epoch`` of ``run_id``.
 
         Every peer of the round calls it at about the same time (when the
@@ -236,7 +243,10 @@ class MatchmakingService:
         second it can send and receive at once; ``reduce_rate``: bytes of
         input it can reduce per second (each None: unknown, or in
         ``MIN_RATE..MAX_RATE``).  They feed the leader's load plan,
-        ``group.fractions`` (protocols/matchmaking.md).
+        ``group.fractions`` (protocols/matchmaking.md).  ``aggregation``:
+        the digest of the aggregation rule this peer averages with
+        (:meth:`~p2pdl.averaging.Aggregator.digest`; None: the plain mean):
+        a leader refuses joiners with another (``mismatch``).
 
         Raises :class:`~p2pdl.errors.MatchmakingFailedError` when no group
         with this peer formed within ``matchmaking_time`` (or only one
@@ -269,8 +279,12 @@ class MatchmakingService:
         me = GroupMemberInfo(self._host.peer_id, client_mode, auxiliary,
                              None if bandwidth is None else float(bandwidth),
                              None if reduce_rate is None else float(reduce_rate))
+        if aggregation is not None and (not isinstance(aggregation, bytes)
+                                        or len(aggregation) > AGGREGATION_DIGEST_SIZE):
+            raise ConfigError(f"form_group: aggregation must be at most "
+                              f"{AGGREGATION_DIGEST_SIZE} bytes")
         session = _Session(MatchmakingRound(run_id, epoch, me, params.target_group_size,
-                                            params.min_group_size))
+                                            params.min_group_size, aggregation=aggregation))
         self._sessions[key] = session
         self._counters["rounds"] += 1
         self._recent.pop(key, None)
@@ -453,7 +467,7 @@ class MatchmakingService:
             notes.append(f"{_short(leader)}: not an averaging member")
             return "not_member"
         request = Join(round_.run_id, round_.epoch, params.target_group_size, me.client_mode,
-                       wait, me.auxiliary, me.bandwidth, me.reduce_rate)
+                       wait, me.auxiliary, me.bandwidth, me.reduce_rate, round_.aggregation)
         self._counters["joins_sent"] += 1
         logger.debug("matchmaking %s/%d: asking %s to join", round_.run_id, round_.epoch, leader)
         try:
@@ -545,7 +559,8 @@ class MatchmakingService:
                                                  trio.current_time(),
                                                  auxiliary=request.auxiliary,
                                                  bandwidth=request.bandwidth,
-                                                 reduce_rate=request.reduce_rate)
+                                                 reduce_rate=request.reduce_rate,
+                                                 aggregation=request.aggregation)
                         if isinstance(verdict, Refusal):
                             return _rejected(verdict)
                         if verdict is ACCEPTED:

@@ -551,8 +551,10 @@ class MatchmakingRound:
     """
 
     def __init__(self, run_id: str, epoch: int, me: GroupMemberInfo, target_group_size: int,
-                 min_group_size: int, planner: Planner = plan_fractions) -> None:
+                 min_group_size: int, planner: Planner = plan_fractions, *,
+                 aggregation: bytes | None = None) -> None:
         self.run_id, self.epoch, self.me = run_id, epoch, me
+        self.aggregation = aggregation or None  # the digest of our aggregation rule; None: mean
         self.target_group_size, self.min_group_size = target_group_size, min_group_size
         self.planner = planner
         self.phase = Phase.GATHERING
@@ -565,10 +567,18 @@ class MatchmakingRound:
 
     def on_join(self, peer: ID, client_mode: bool, target_group_size: int, wait_until: float,
                 now: float, *, auxiliary: bool = False, bandwidth: float | None = None,
-                reduce_rate: float | None = None) -> Verdict:
-        """HOLD, ACCEPTED or a :class:`Refusal` for a join request from ``peer``."""
+                reduce_rate: float | None = None, aggregation: bytes | None = None) -> Verdict:
+        """HOLD, ACCEPTED or a :class:`Refusal` for a join request from ``peer``.
+
+        ``aggregation``: the digest of the joiner's aggregation rule (None:
+        the mean); a rule other than ours is refused ``mismatch``: a group
+        averages with one rule, and mixing them silently would let a member
+        opt out of the run's robust aggregation.
+        """
         if self.me.client_mode:
             return Refusal("not_leader", "a client-mode peer never leads")
+        if (aggregation or None) != self.aggregation:
+            return Refusal("mismatch", "this peer averages with another aggregation rule")
         if self.phase is Phase.LEADING:
             assert self.leader is not None
             verdict = self.leader.offer(peer, client_mode, target_group_size, wait_until, now,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import math
 import struct
+import time
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ import trio
 
 from p2pdl.averaging import (
     ALLREDUCE_PROTOCOL_ID,
+    Aggregator,
     AllReduceConfig,
     CodecPolicy,
     Group,
@@ -283,6 +285,80 @@ async def test_different_tensors_are_refused_as_layout_mismatch_without_hanging(
             assert any("layout_mismatch" in (p.error or "") for p in failed)
             # a part that did not complete keeps the member's own values
             assert torch.equal(results[i].tensors[0], xs[i][0])
+
+
+async def test_centered_clip_bounds_a_scaling_member_and_every_member_agrees():
+    config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000),
+                             chunk_values=1024, aggregator=Aggregator("centered_clip", tau=1.0))
+    async with open_nodes(4) as nodes:
+        await connect_all(nodes)
+        gen = torch.Generator().manual_seed(5)
+        base = torch.randn(5000, generator=gen) * 0.01
+        xs = [[base + torch.randn(5000, generator=gen) * 0.001] for _ in range(4)]
+        xs[3] = [xs[3][0] * 1000]  # member 3 scales its gradients 1000x
+        results = await run_all(nodes, make_group(nodes), xs, [1.0] * 4, config)
+        honest = sum(x[0] for x in xs[:3]) / 3
+        for result in results.values():
+            assert result.completed, [p.error for p in result.parts]
+            assert torch.equal(result.tensors[0], results[0].tensors[0])
+        out = results[0].tensors[0]
+        # per chunk within (1/3) * tau of the honest mean; the mean is 250x off
+        layout = Layout.for_tensors([5000], default_fractions(make_group(nodes)),
+                                    config.codecs, config.chunk_values, config.aggregator)
+        for part in layout.chunks:
+            for spec in part:
+                lo, hi = spec.start, spec.end
+                assert float((out[lo:hi] - honest[lo:hi]).norm()) <= 1.01 / 3 + 1e-3
+        # a member averaging with another rule is refused, not mixed
+        mixed = {i: config if i else EXACT for i in range(2)}
+        group = make_group(nodes[:2], tag=b"mixed")
+
+        async def one(i, out):
+            out[i] = await nodes[i].averaging.all_reduce(group, xs[i], config=mixed[i])
+
+        outcome = {}
+        async with trio.open_nursery() as nursery:
+            for i in range(2):
+                nursery.start_soon(one, i, outcome)
+        assert not outcome[0].completed and not outcome[1].completed
+        assert any("layout_mismatch" in (p.error or "") for p in outcome[0].parts)
+
+
+async def test_a_member_whose_values_are_outliers_three_rounds_running_is_banned():
+    config = AllReduceConfig(codecs=CodecPolicy(large="none"), chunk_values=1024,
+                             aggregator=Aggregator("centered_clip", tau=1.0))
+    async with open_nodes(4) as nodes:
+        await connect_all(nodes)
+        gen = torch.Generator().manual_seed(6)
+        attacker = nodes[3].peer_id
+        for round_ in range(4):
+            xs = [[torch.randn(3000, generator=gen) * 0.01] for _ in range(4)]
+            xs[3] = [torch.full((3000,), 100.0)]   # a constant direction, far away
+            group = make_group(nodes, tag=b"ban-%d" % round_)
+            results = await run_all(nodes, group, xs, [1.0] * 4, config)
+            honest = [results[i] for i in range(3)]
+            if round_ < 2:
+                assert all(r.completed for r in honest)
+                assert all(not n.flags.is_banned(attacker, "run", time.time())
+                           for n in nodes[:3])
+            if round_ == 2:  # the third outlier round bans it on every honest reducer
+                for node in nodes[:3]:
+                    assert node.flags.is_banned(attacker, "run", time.time())
+                    assert node.averaging.statistics()["outliers_flagged"] == 3
+                    assert node.flags.count(attacker, "outlier_values") == 3
+            if round_ == 3:  # banned: no honest reducer takes its values, nobody sends
+                for r in honest:  # it any (its part keeps each member's own values)
+                    assert all(3 not in seg.contributors for p in r.parts
+                               for seg in p.contributions)
+                    assert r.parts[3].error == "the reducer is banned from the run"
+                    for part in r.parts[:3]:
+                        assert part.completed
+                        assert torch.equal(r.tensors[0][part.start:part.end],
+                                           honest[0].tensors[0][part.start:part.end])
+                # honest members do not flag each other
+                for node in nodes[:3]:
+                    for other in nodes[:3]:
+                        assert node.flags.count(other.peer_id) == 0
 
 
 async def test_bad_arguments_are_clear_errors():

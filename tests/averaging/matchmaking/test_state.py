@@ -375,6 +375,24 @@ def test_a_round_that_gave_up_leading_refuses_and_tells_its_joiners():
     assert round_.on_join(peer(2), False, 4, 9.0, 1.2).code == "not_leader"
 
 
+def test_a_leader_refuses_joiners_that_average_with_another_rule():
+    from p2pdl.averaging import Aggregator
+
+    clip = Aggregator("centered_clip").digest()
+    round_ = MatchmakingRound(RUN, EPOCH, GroupMemberInfo(peer(0)), 4, 2, aggregation=clip)
+    round_.lead(None, finalize_at=1.0)
+    for other in (None, Aggregator("centered_clip", tau=2.0).digest(),
+                  Aggregator("median").digest()):
+        assert round_.on_join(peer(1), False, 4, 9.0, 0.0, aggregation=other).code == \
+            "mismatch"
+    assert round_.on_join(peer(1), False, 4, 9.0, 0.0, aggregation=clip) is ACCEPTED
+    # a mean leader (the default) refuses a robust joiner, accepts a mean one
+    mean = MatchmakingRound(RUN, EPOCH, GroupMemberInfo(peer(0)), 4, 2)
+    mean.lead(None, finalize_at=1.0)
+    assert mean.on_join(peer(2), False, 4, 9.0, 0.0, aggregation=clip).code == "mismatch"
+    assert mean.on_join(peer(2), False, 4, 9.0, 0.0) is ACCEPTED
+
+
 def test_a_follower_or_client_round_refuses_joins():
     client = MatchmakingRound(RUN, EPOCH, GroupMemberInfo(peer(0), True), 4, 2)
     assert client.on_join(peer(1), False, 4, 9.0, 0.0).code == "not_leader"

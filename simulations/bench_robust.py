@@ -1,0 +1,310 @@
+"""Byzantine-robust averaging: what admitted attackers do to training under each
+aggregation rule, and what CenteredClip costs a round.  One JSON.
+
+    python simulations/bench_robust.py [--peers 8] [--steps 200] [--batch 512] [--tau 0.05]
+        [--attacks sign_flip,scaled,gaussian,alie,ipm,constant] [--malicious 1,3]
+        [--round-peers 4] [--numel 10000000] [--rounds 5] [--skip training,round]
+        [--timeout 900]
+
+1. **Training** (``rows``): a task sized for 2 cores -- a two-layer MLP
+   (16 -> 64 -> 10, 1,738 parameters) learning the labels a fixed random
+   teacher network draws for Gaussian inputs -- trained by ``--peers`` (8)
+   peers, each computing its gradient on its own batch of ``--batch`` (512)
+   samples every step (a DeDLOC peer sends what it accumulated over many
+   batches; robust rules are only as good as the honest gradients agree:
+   their bias grows with the honest spread, so small batches cost more).
+   The averaging is p2pdl's own reducer code, sans-IO: the butterfly layout
+   of the all-reduce (``Layout``, one part per honest peer, chunks of 1024
+   values) and one ``PartReducer`` per part, fed every sender's encoded
+   chunks exactly as the service feeds them, with the rule under test
+   (``mean`` or ``centered_clip`` with ``--tau``); then SGD (lr 0.1,
+   momentum 0.9) steps on the result, the same on every peer.  The first
+   ``malicious`` peers (0, 1 or 3 of 8) replace their gradient with the
+   attack and reduce no part (their plan share is 0: the bench measures
+   what a sender's values do; a lying reducer is the verification's
+   business).  Attacks, each knowing every honest gradient of the step:
+   ``sign_flip`` (-10 x its own gradient), ``scaled`` (100 x), ``gaussian``
+   (N(0, 1) per value), ``alie`` (honest mean - 1.0 x honest std per
+   value, all attackers alike), ``ipm`` (-0.5 x the honest mean), and
+   ``constant`` (one fixed direction, norm 10).  Every run starts from the
+   same model and sees the same honest batches.  As on a node, a sender
+   whose values a robust reducer finds more than ``outlier_factor`` (10)
+   times the reference distance from the result is flagged
+   ``outlier_values``, and the third such round bans it: it sends nothing
+   more (``banned``: how many were, ``banned_at_step``: the last ban's
+   step; one flag book stands for every honest node's, as each sees the
+   same values).  ``loss_ratio`` = the
+   run's held-out cross-entropy (4,096 samples) after ``--steps`` (200) over the
+   honest run's (0 malicious, ``mean``) -- goal with CenteredClip: <= 1.05
+   at 1 of 8 and <= 1.10 at 3 of 8 for every attack.
+2. **Round time** (``centered_clip_round_time_ratio``): ``--round-peers``
+   (4) worker processes, one node each, all-reduce ``--numel`` (10M) float32
+   values (fp16 on the wire) in a fixed group over loopback -- the harness
+   of bench_allreduce.py (simulations/_p2pdl_allreduce.py with
+   ``--aggregator``) -- in four passes (mean, centered_clip, centered_clip,
+   mean) of ``--rounds`` timed rounds each.  The ratio is the median round
+   with CenteredClip over the median with the mean (goal <= 1.15).
+   ``verification_bytes_per_round``: reducer verification is not built, so
+   it is null and the ratio times CenteredClip alone.
+
+A part that fails has null values and a ``notes`` entry; ``--skip`` leaves
+parts out.  Workers' logs go to a temporary directory (printed on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))
+
+import torch  # noqa: E402
+
+from p2pdl.averaging import Aggregator, Layout, PartReducer, get_codec  # noqa: E402
+from p2pdl.averaging.allreduce import OUTLIER_FLAG  # noqa: E402
+from p2pdl.service import FlagBook  # noqa: E402
+from p2pdl.wire import TensorHeader  # noqa: E402
+
+ATTACKS = ("sign_flip", "scaled", "gaussian", "alie", "ipm", "constant")
+DIM_IN, HIDDEN, CLASSES, TEACHER_HIDDEN = 16, 64, 10, 32
+HELD_OUT, CHUNK = 4096, 1024
+LR, MOMENTUM = 0.1, 0.9
+ALIE_Z, IPM_EPS, GAUSSIAN_STD, CONSTANT_NORM = 1.0, 0.5, 1.0, 10.0
+OUTLIER_FACTOR = 10.0  # AllReduceConfig's default
+
+
+# ---------------------------------------------------------------- the training task
+
+class Task:
+    """The teacher, the held-out set and the student's initial weights (fixed seeds)."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.teacher = torch.nn.Sequential(torch.nn.Linear(DIM_IN, TEACHER_HIDDEN),
+                                           torch.nn.Tanh(),
+                                           torch.nn.Linear(TEACHER_HIDDEN, CLASSES))
+        self.held_out = self.sample(HELD_OUT, torch.Generator().manual_seed(1))
+        self.initial = self.student().state_dict()
+
+    def sample(self, n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.randn(n, DIM_IN, generator=gen)
+        with torch.no_grad():
+            probs = torch.softmax(3 * self.teacher(x), dim=1)
+        return x, torch.multinomial(probs, 1, generator=gen).squeeze(1)
+
+    @staticmethod
+    def student() -> torch.nn.Module:
+        torch.manual_seed(2)
+        return torch.nn.Sequential(torch.nn.Linear(DIM_IN, HIDDEN), torch.nn.ReLU(),
+                                   torch.nn.Linear(HIDDEN, CLASSES))
+
+    def loss(self, model: torch.nn.Module) -> float:
+        x, y = self.held_out
+        with torch.no_grad():
+            return float(torch.nn.functional.cross_entropy(model(x), y))
+
+
+def gradient(model: torch.nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    model.zero_grad(set_to_none=True)
+    torch.nn.functional.cross_entropy(model(batch[0]), batch[1]).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def attack_rows(name: str, own: torch.Tensor, honest: torch.Tensor,
+                constant: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """The attackers' rows: ``own`` their honest gradients, ``honest`` the others'."""
+    count = own.shape[0]
+    if name == "sign_flip":
+        return -10 * own
+    if name == "scaled":
+        return 100 * own
+    if name == "gaussian":
+        return torch.randn(own.shape, generator=gen) * GAUSSIAN_STD
+    if name == "alie":
+        return (honest.mean(dim=0) - ALIE_Z * honest.std(dim=0)).expand(count, -1).clone()
+    if name == "ipm":
+        return (-IPM_EPS * honest.mean(dim=0)).expand(count, -1).clone()
+    if name == "constant":
+        return constant.expand(count, -1).clone()
+    raise ValueError(name)
+
+
+def reduce_all(layout: Layout, rows: torch.Tensor, banned: set[int]
+               ) -> tuple[torch.Tensor, set[int]]:
+    """Every part through a PartReducer, as the all-reduce service feeds it;
+    the senders some reducer noted as outliers."""
+    codec = get_codec("none")
+    out = torch.empty(layout.numel)
+    members = rows.shape[0]
+    outliers: set[int] = set()
+    for part, (lo, hi) in enumerate(layout.part_bounds):
+        if hi == lo:
+            continue
+        senders = [s for s in range(members) if s != part and s not in banned]
+        reducer = PartReducer(layout, part, senders, rows[part, lo:hi].clone(), 1.0, part,
+                              0.0, 10.0, outlier_factor=OUTLIER_FACTOR)
+        for s in senders:
+            reducer.begin(s, 1.0, True, 0.0)
+        for spec in layout.chunks[part]:
+            header = TensorHeader(part, "float32", (hi - lo,), spec.start - lo, spec.count,
+                                  "none", None)
+            for s in senders:
+                reducer.add_chunk(s, header, codec.encode(rows[s, spec.start:spec.end]), 0.0)
+            reducer.finalize()
+        assert reducer.complete
+        out[lo:hi] = reducer.result()
+        outliers |= set(reducer.outliers)
+    return out, outliers
+
+
+def train(task: Task, peers: int, malicious: int, attack: str, aggregator: Aggregator,
+          steps: int, batch: int) -> tuple[float, dict[int, int]]:
+    """The held-out loss after ``steps`` (every peer holds the same model), and
+    the step at which each banned peer was banned."""
+    model = task.student()
+    model.load_state_dict(task.initial)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    numel = sum(p.numel() for p in model.parameters())
+    fractions = [0.0] * malicious + [1.0 / (peers - malicious)] * (peers - malicious)
+    layout = Layout([numel], [get_codec("none")], fractions, CHUNK, aggregator)
+    data = torch.Generator().manual_seed(3)      # the same honest batches in every run
+    noise = torch.Generator().manual_seed(4)
+    direction = torch.randn(numel, generator=torch.Generator().manual_seed(5))
+    constant = direction * (CONSTANT_NORM / float(direction.norm()))
+    book = FlagBook()   # every honest reducer sees the same: one book stands for each's
+    banned: dict[int, int] = {}
+    for step in range(steps):
+        rows = torch.stack([gradient(model, task.sample(batch, data)) for _ in range(peers)])
+        if malicious:
+            rows[:malicious] = attack_rows(attack, rows[:malicious], rows[malicious:],
+                                           constant, noise)
+        averaged, outliers = reduce_all(layout, rows, set(banned))
+        for member in outliers:
+            book.flag(bytes([0, 1, member]), "bench", OUTLIER_FLAG, float(step))
+            if book.is_banned(bytes([0, 1, member]), "bench", float(step)):
+                banned.setdefault(member, step)
+        if not torch.isfinite(averaged).all():
+            return math.inf, banned
+        offset = 0
+        for p in model.parameters():
+            p.grad = averaged[offset:offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        optimizer.step()
+        loss = task.loss(model)
+        if not math.isfinite(loss) or loss > 1e6:
+            return math.inf, banned
+    return task.loss(model), banned
+
+
+def training_rows(args: argparse.Namespace) -> dict[str, Any]:
+    task = Task()
+    rules = {"mean": Aggregator("mean"), "centered_clip": Aggregator("centered_clip",
+                                                                      tau=args.tau)}
+    started = time.perf_counter()
+    baseline, _ = train(task, args.peers, 0, "none", rules["mean"], args.steps, args.batch)
+    untrained = task.loss(task.student())
+    rows: list[dict[str, Any]] = []
+
+    def add(attack: str, malicious: int, name: str, outcome: tuple[float, dict[int, int]]
+            ) -> None:
+        loss, banned = outcome
+        ratio = loss / baseline if math.isfinite(loss) else None
+        rows.append({"attack": attack, "malicious": malicious, "peers": args.peers,
+                     "aggregator": name, "loss": round(loss, 4) if math.isfinite(loss) else None,
+                     "loss_ratio": round(ratio, 4) if ratio is not None else None,
+                     "diverged": not math.isfinite(loss) or loss >= untrained,
+                     "banned": len(banned),
+                     "banned_at_step": max(banned.values()) if banned else None})
+        print(f"bench:   {attack:>9} {malicious}/{args.peers} {name:>13}: loss "
+              f"{loss:.4f}", file=sys.stderr)
+
+    add("none", 0, "mean", (baseline, {}))
+    add("none", 0, "centered_clip", train(task, args.peers, 0, "none", rules["centered_clip"],
+                                          args.steps, args.batch))
+    for attack in args.attacks:
+        for malicious in args.malicious:
+            for name, rule in rules.items():
+                add(attack, malicious, name, train(task, args.peers, malicious, attack, rule,
+                                                   args.steps, args.batch))
+    return {"rows": rows, "honest_mean_loss": round(baseline, 4),
+            "untrained_loss": round(untrained, 4), "steps": args.steps, "batch": args.batch,
+            "tau": args.tau,
+            "training_s": round(time.perf_counter() - started, 1)}
+
+
+# ---------------------------------------------------------------- the round time
+
+def round_times(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
+    from simulations.bench_allreduce import run_workers
+
+    times: dict[str, list[float]] = {"mean": [], "centered_clip": []}
+    notes: list[str] = []
+    for n, rule in enumerate(("mean", "centered_clip", "centered_clip", "mean")):
+        command = [sys.executable, "-m", "simulations._p2pdl_allreduce", "--aggregator", rule]
+        print(f"bench: round time, {rule} (pass {n + 1} of 4)", file=sys.stderr)
+        run = run_workers(command, args.round_peers, "fp16", args.rounds, args.numel,
+                          args.timeout, log_dir / f"{n}-{rule}")
+        if run.get("failed") or run.get("errors"):
+            notes.append(f"{rule} pass {n + 1}: {run.get('failed') or run.get('errors')}")
+        times[rule] += run["round_s"]
+    medians = {rule: statistics.median(t) if t else None for rule, t in times.items()}
+    ratio = (medians["centered_clip"] / medians["mean"]
+             if medians["mean"] and medians["centered_clip"] else None)
+    return {"centered_clip_round_time_ratio": round(ratio, 4) if ratio else None,
+            "verification_bytes_per_round": None,
+            "mean_round_s": [round(t, 4) for t in times["mean"]],
+            "centered_clip_round_s": [round(t, 4) for t in times["centered_clip"]],
+            "round_peers": args.round_peers, "numel": args.numel, "round_notes": notes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=512, help="samples per peer and step")
+    parser.add_argument("--tau", type=float, default=0.05)
+    parser.add_argument("--attacks", default=",".join(ATTACKS))
+    parser.add_argument("--malicious", default="1,3")
+    parser.add_argument("--round-peers", type=int, default=4)
+    parser.add_argument("--numel", type=int, default=10_000_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--skip", default="", help="of training, round")
+    parser.add_argument("--timeout", type=float, default=900.0)
+    args = parser.parse_args()
+    args.attacks = [a for a in args.attacks.split(",") if a]
+    unknown = set(args.attacks) - set(ATTACKS)
+    if unknown:
+        parser.error(f"unknown attacks: {', '.join(sorted(unknown))}")
+    args.malicious = [int(m) for m in args.malicious.split(",") if m]
+    if any(not 0 < m < args.peers / 2 for m in args.malicious):
+        parser.error("--malicious: each count must be positive and under half of --peers")
+    skip = {s for s in args.skip.split(",") if s}
+    logging.getLogger("p2pdl").setLevel(logging.ERROR)  # each ban is a warning on a node
+    out: dict[str, Any] = {"notes": []}
+    torch.set_num_threads(1)
+    if "training" not in skip:
+        print("bench: training", file=sys.stderr)
+        out.update(training_rows(args))
+    if "round" not in skip:
+        log_dir = Path(tempfile.mkdtemp(prefix="p2pdl-bench-robust-"))
+        print(f"bench: logs in {log_dir}", file=sys.stderr)
+        result = round_times(args, log_dir)
+        out["notes"] += result.pop("round_notes")
+        out.update(result)
+    out["notes"].append("verification of reducers is not built: the round time is "
+                        "CenteredClip's alone")
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""Robust aggregation rules (sans-IO): CenteredClip against a plain reference,
+the coordinate-wise rules against theirs, and the attacks of the literature
+against groups with 1 of 4 and 3 of 8 malicious members."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from p2pdl.averaging import Aggregator, Layout, PartReducer, get_codec
+from p2pdl.averaging._aggregators import centered_clip, centered_clip_reference
+from p2pdl.errors import ConfigError
+from p2pdl.wire import TensorHeader
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def fixed_point_residual(rows, p, v, tau):
+    """|sum_i p_i min(1, tau/|x_i - v|)(x_i - v)|, in float64."""
+    x = rows.double()
+    diff = x - v.double()
+    norms = torch.linalg.vector_norm(diff, dim=1)
+    scale = torch.clamp(tau / torch.clamp(norms, min=1e-300), max=1.0)
+    return float(torch.linalg.vector_norm(torch.mv(diff.T, p.double() * scale)))
+
+
+def objective(rows, p, v, tau):
+    """sum_i p_i huber_tau(|x_i - v|): CenteredClip's fixed points are its minimisers."""
+    r = torch.linalg.vector_norm(rows.double() - v.double(), dim=1)
+    huber = torch.where(r <= tau, r * r / 2, tau * r - tau * tau / 2)
+    return float(p.double() @ huber)
+
+
+def coordinate_median_start(rows):
+    return torch.median(rows, dim=0).values.clone()
+
+
+@st.composite
+def groups(draw):
+    n = draw(st.integers(2, 8))
+    c = draw(st.integers(1, 40))
+    seed = draw(st.integers(0, 2**31 - 1))
+    spread = draw(st.floats(0.05, 5.0))
+    tau = draw(st.floats(0.2, 5.0))
+    gen = torch.Generator().manual_seed(seed)
+    rows = torch.randn(n, c, generator=gen) * spread
+    weights = draw(st.lists(st.floats(0.1, 10.0), min_size=n, max_size=n))
+    return rows, weights, tau
+
+
+@settings(max_examples=60, deadline=None)
+@given(groups())
+def test_centered_clip_reaches_the_fixed_point_of_the_plain_iteration(group):
+    rows, weights, tau = group
+    total = math.fsum(weights)
+    p = torch.tensor([w / total for w in weights], dtype=torch.float32)
+    fast = torch.empty(rows.shape[1])
+    distances = centered_clip(rows, p, fast, tau, 1000, 1e-7)
+    assert torch.isfinite(fast).all()
+    assert distances == pytest.approx(torch.linalg.vector_norm(rows - fast, dim=1).tolist(),
+                                      rel=1e-3, abs=1e-4 * (float(rows.abs().max()) + tau))
+    # The definition: the clipped differences cancel (up to float32 rounding).
+    scale = float(rows.abs().max()) + tau
+    assert fixed_point_residual(rows, p, fast, tau) <= 1e-4 * scale
+    # BTARD's iteration from the coordinate median, run to convergence,
+    # minimises the same convex objective (its minimiser need not be unique:
+    # between two far points every v is one).
+    reference = coordinate_median_start(rows)
+    ref_steps = centered_clip_reference(rows, p, reference, tau, 20000, 1e-8)
+    if ref_steps < 20000:
+        assert abs(objective(rows, p, fast, tau) - objective(rows, p, reference, tau)) \
+            <= 1e-4 * scale * scale
+
+
+def test_the_public_rule_matches_the_reference_on_a_large_chunk():
+    gen = torch.Generator().manual_seed(1)
+    rows = torch.randn(6, 50_000, generator=gen) * 0.002 + 1.0
+    rows[0] *= -10
+    weights = [1.0, 2.0, 1.0, 3.0, 1.0, 1.0]
+    p = torch.tensor([w / sum(weights) for w in weights])
+    out = torch.empty(50_000)
+    Aggregator("centered_clip", tau=1.0).aggregate(rows, weights, out)
+    reference = coordinate_median_start(rows)
+    centered_clip_reference(rows, p, reference, 1.0, 5000, 1e-9)
+    assert float((out - reference).norm()) < 1e-3
+
+
+def test_median_and_trimmed_mean_match_their_definitions():
+    gen = torch.Generator().manual_seed(2)
+    for n in (2, 3, 4, 7, 8):
+        rows = torch.randn(n, 333, generator=gen)
+        out = torch.empty(333)
+        Aggregator("median").aggregate(rows, [1.0] * n, out)
+        assert torch.equal(out, torch.median(rows, dim=0).values)  # the lower median
+        for k in range(0, (n - 1) // 2 + 1):
+            if k / n >= 0.5:
+                continue
+            Aggregator("trimmed_mean", trim=k / n).aggregate(rows, [1.0] * n, out)
+            kept = torch.sort(rows, dim=0).values[k:n - k]
+            assert torch.allclose(out, kept.mean(dim=0), atol=1e-5), (n, k)
+
+
+def test_weighted_median_and_trimmed_mean_count_weights():
+    rows = torch.tensor([[0.0, 10.0], [1.0, 20.0], [2.0, 30.0]])
+    out = torch.empty(2)
+    Aggregator("median").aggregate(rows, [1.0, 1.0, 5.0], out)
+    assert out.tolist() == [2.0, 30.0]  # the heavy row holds more than half
+    Aggregator("median").aggregate(rows, [3.0, 1.0, 1.0], out)
+    assert out.tolist() == [0.0, 10.0]
+    # trim 0.25 of weights [1, 2, 1]: the first and last rows are cut away
+    # entirely, the middle one remains.
+    Aggregator("trimmed_mean", trim=0.25).aggregate(rows, [1.0, 2.0, 1.0], out)
+    assert torch.allclose(out, torch.tensor([1.0, 20.0]))
+
+
+def test_every_rule_returns_a_lone_contributors_values_and_rejects_bad_settings():
+    row = torch.randn(1, 50)
+    for name in ("mean", "centered_clip", "trimmed_mean", "median"):
+        out = torch.empty(50)
+        Aggregator(name).aggregate(row, [3.0], out)
+        assert torch.equal(out, row[0])
+    for bad in ({"name": "krum"}, {"tau": 0.0}, {"tau": math.inf}, {"iterations": 0},
+                {"iterations": 10**6}, {"trim": 0.5}, {"tolerance": -1.0}):
+        with pytest.raises(ConfigError):
+            Aggregator(**bad)
+
+
+def test_the_rule_is_part_of_the_layout_digest_and_the_mean_keeps_the_old_one():
+    codecs = [get_codec("none")]
+    mean = Layout([100], codecs, [1.0], 1024)
+    assert Layout([100], codecs, [1.0], 1024, Aggregator()).digest == mean.digest
+    clip = Layout([100], codecs, [1.0], 1024, Aggregator("centered_clip"))
+    other_tau = Layout([100], codecs, [1.0], 1024, Aggregator("centered_clip", tau=2.0))
+    median = Layout([100], codecs, [1.0], 1024, Aggregator("median"))
+    assert len({mean.digest, clip.digest, other_tau.digest, median.digest}) == 4
+    assert Aggregator().digest() is None
+    assert Aggregator("centered_clip").digest() != Aggregator("centered_clip", tau=2.0).digest()
+
+
+# -- attacks --------------------------------------------------------------------------
+
+DIM = 2000
+TAU = 1.0
+
+
+def honest_rows(count, gen):
+    """Honest gradients: a common direction plus noise, within tau/2 of their mean."""
+    mu = torch.randn(DIM, generator=gen)
+    mu *= 3.0 / float(mu.norm())
+    noise = torch.randn(count, DIM, generator=gen)
+    noise *= 0.2 * TAU / torch.linalg.vector_norm(noise, dim=1, keepdim=True)
+    return mu + noise
+
+
+def attack(name, honest, bad, gen):
+    """The malicious members' rows, knowing the honest ones (the strongest case)."""
+    mean = honest.mean(dim=0)
+    std = honest.std(dim=0)
+    if name == "sign_flip":
+        return -10 * honest[:bad]
+    if name == "scaled":
+        return 100 * honest[:bad]
+    if name == "gaussian":
+        return torch.randn(bad, DIM, generator=gen) * 10.0
+    if name == "alie":  # A Little Is Enough: mean - z * std per coordinate
+        return (mean - 1.5 * std).expand(bad, DIM).clone()
+    if name == "ipm":   # inner product manipulation: -eps * mean
+        return (-4.0 * mean).expand(bad, DIM).clone()
+    if name == "constant":
+        direction = torch.ones(DIM) / math.sqrt(DIM)
+        return (1000.0 * direction).expand(bad, DIM).clone()
+    raise AssertionError(name)
+
+
+ATTACKS = ["sign_flip", "scaled", "gaussian", "alie", "ipm", "constant"]
+
+
+@pytest.mark.parametrize("size,bad", [(4, 1), (8, 3)])
+@pytest.mark.parametrize("name", ATTACKS)
+def test_centered_clip_keeps_the_result_near_the_honest_mean(name, size, bad):
+    gen = torch.Generator().manual_seed(hash((name, size)) % 2**31)
+    honest = honest_rows(size - bad, gen)
+    rows = torch.cat([attack(name, honest, bad, gen), honest])
+    weights = [1.0] * size
+    truth = honest.mean(dim=0)
+    # The documented bound: (share of the malicious weight / honest share) * tau
+    # when the honest values lie within tau of the result.
+    bound = bad / (size - bad) * TAU
+    robust = torch.empty(DIM)
+    Aggregator("centered_clip", tau=TAU).aggregate(rows, weights, robust)
+    assert torch.isfinite(robust).all()
+    assert float((robust - truth).norm()) <= bound * 1.01 + 1e-4
+    plain = torch.empty(DIM)
+    Aggregator("mean").aggregate(rows, weights, plain)
+    if name not in ("alie",):  # ALIE's shift is small by design
+        assert float((plain - truth).norm()) > bound
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_median_and_trimmed_mean_bound_one_of_four(name):
+    gen = torch.Generator().manual_seed(7)
+    honest = honest_rows(3, gen)
+    rows = torch.cat([attack(name, honest, 1, gen), honest])
+    low, high = honest.min(dim=0).values, honest.max(dim=0).values
+    for rule in (Aggregator("median"), Aggregator("trimmed_mean", trim=0.25)):
+        out = torch.empty(DIM)
+        rule.aggregate(rows, [1.0] * 4, out)
+        # coordinate-wise rules stay within the honest range of each coordinate
+        assert bool(((out >= low - 1e-6) & (out <= high + 1e-6)).all()), rule.name
+
+
+# -- the reducer ----------------------------------------------------------------------
+
+
+def test_a_reducer_with_centered_clip_averages_chunk_by_chunk_in_bounded_memory():
+    codec = get_codec("none")
+    size, values, chunk = 5, 5000, 1024
+    layout = Layout([values], [codec], [1.0, 0, 0, 0, 0], chunk, Aggregator("centered_clip"))
+    gen = torch.Generator().manual_seed(3)
+    xs = torch.randn(size, values, generator=gen) * 0.01
+    xs[4] = 50.0  # a malicious sender
+    reducer = PartReducer(layout, 0, [1, 2, 3, 4], xs[0].clone(), 1.0, 0, 0.0, 10.0,
+                          max_ahead=1)
+    for s in (1, 2, 3, 4):
+        reducer.begin(s, 1.0, True, 0.0)
+    peak = 0
+    for spec in layout.chunks[0]:
+        lo = spec.start
+        for s in (1, 2, 3, 4):
+            assert reducer.wants_chunk(s)
+            header = TensorHeader(0, "float32", (values,), lo, spec.count, "none", None)
+            reducer.add_chunk(s, header, codec.encode(xs[s, lo:lo + spec.count]), 0.0)
+        peak = max(peak, sum(len(h) for h in reducer.held))
+        assert reducer.finalize() == [spec.index]
+    assert reducer.complete and peak <= 4
+    result = reducer.result()
+    for spec in layout.chunks[0]:
+        lo = spec.start
+        expected = torch.empty(spec.count)
+        Aggregator("centered_clip").aggregate(xs[:, lo:lo + spec.count].contiguous(),
+                                              [1.0] * size, expected)
+        assert torch.equal(result[lo:lo + spec.count], expected)
+    honest = xs[:4].mean(dim=0)
+    # The bound holds per chunk: (1/4) * tau each (the mean is 10 per value off).
+    for spec in layout.chunks[0]:
+        lo = spec.start
+        assert float((result[lo:lo + spec.count] - honest[lo:lo + spec.count]).norm()) \
+            <= 0.25 * 1.01
+
+
+def test_a_reducer_notes_senders_whose_values_are_outliers():
+    codec = get_codec("none")
+    layout = Layout([3000], [codec], [1.0, 0, 0, 0], 1024, Aggregator("centered_clip", tau=1.0))
+    gen = torch.Generator().manual_seed(4)
+    xs = torch.randn(4, 3000, generator=gen) * 0.01
+    xs[2] *= 5000  # far beyond 10 x tau from the result
+    reducer = PartReducer(layout, 0, [1, 2, 3], xs[0].clone(), 1.0, 0, 0.0, 10.0,
+                          outlier_factor=10.0)
+    for s in (1, 2, 3):
+        reducer.begin(s, 1.0, True, 0.0)
+    for spec in layout.chunks[0]:
+        for s in (1, 2, 3):
+            header = TensorHeader(0, "float32", (3000,), spec.start, spec.count, "none", None)
+            reducer.add_chunk(s, header, codec.encode(xs[s, spec.start:spec.end]), 0.0)
+        reducer.finalize()
+    assert set(reducer.outliers) == {2} and reducer.outliers[2] > 10
+    # the same values without outlier detection, or under the mean: nobody noted
+    quiet = PartReducer(layout, 0, [1, 2, 3], xs[0].clone(), 1.0, 0, 0.0, 10.0)
+    assert quiet.outliers == {}
+
+
+def test_the_flag_book_bans_a_repeated_outlier_from_its_run_for_a_while():
+    from libp2p.peer.id import ID
+
+    from p2pdl.service import FlagBook
+
+    book = FlagBook(ban_seconds=100.0)
+    peer = ID(b"\x00\x04abcd")
+    for t in range(2):
+        book.flag(peer, "run", "outlier_values", float(t))
+        book.flag(peer, "run", "weight_beyond_evidence", float(t))  # never bans alone
+        assert not book.is_banned(peer, "run", float(t))
+    book.flag(peer, "other", "outlier_values", 2.0)  # strikes count per run
+    assert not book.is_banned(peer, "run", 2.0)
+    book.flag(peer, "run", "outlier_values", 3.0)
+    assert book.is_banned(peer, "run", 3.0) and not book.is_banned(peer, "other", 3.0)
+    assert book.banned("run", 3.0)[peer.to_base58()]["until"] == 103.0
+    assert not book.is_banned(peer, "run", 103.0)   # it expires
+    assert book.banned("run", 104.0) == {}
