@@ -25,7 +25,8 @@ Modules:
   by JSON commands (DHT store/get), for scenarios with many nodes.
 * ``_progress_sim`` -- :func:`simulate_progress`: simulated trainers on nodes,
   reporting progress by gossip or by DHT polling (``simulations/bench_progress.py``).
-* ``_attackers`` -- :class:`WeightInflater`, :class:`EpochLiar`: real
+* ``_attackers`` -- :class:`WeightInflater`, :class:`GradientScaler`,
+  :class:`EpochLiar`: real
   :class:`p2pdl.Optimizer` members that misbehave on purpose (a huge claimed
   batch with flipped gradients; a far newer epoch with a poisoned state),
   :func:`flagged` (what a node's flag book caught), :func:`train_swarm` (honest
@@ -64,7 +65,8 @@ from ._swarm_agent import open_swarm_agents as open_swarm_agents
 # The attackers need torch; import them only when one of their names is used,
 # so that ``import p2pdl.testing`` does not load torch.
 _LAZY = {name: "_attackers" for name in (
-    "WeightInflater", "EpochLiar", "flagged", "SwarmOutcome", "train_swarm", "loopback_swarm")}
+    "WeightInflater", "GradientScaler", "EpochLiar", "flagged", "SwarmOutcome", "train_swarm",
+    "loopback_swarm")}
 
 
 def __getattr__(name: str) -> object:

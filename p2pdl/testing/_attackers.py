@@ -1,5 +1,6 @@
 """Members that misbehave on purpose, with the real protocols: :class:`WeightInflater`,
-:class:`EpochLiar`, and :func:`flagged` to see what the honest nodes caught.
+:class:`GradientScaler`, :class:`EpochLiar`, and :func:`flagged` to see what the
+honest nodes caught.
 
 Each attacker wraps a real :class:`p2pdl.Optimizer` on a real node, admitted
 to the run like any member, and is driven by the same training loop
@@ -14,6 +15,8 @@ role caps, the all-reduce's evidence and share caps, the state donors' vote).
 * :class:`WeightInflater` -- flips (and optionally scales) its gradients and,
   in the step that completes the swarm's batch, claims ``2**31`` samples (the
   most ``step`` accepts), so that its gradients would dominate the average.
+* :class:`GradientScaler` -- claims its real batch and multiplies its
+  gradients by ``scale`` (-100: flipped and scaled) before every step.
 * :class:`EpochLiar` -- once its optimizer has reached ``from_epoch``, claims
   a far newer epoch (``10**6``) in every progress report and offers a
   poisoned state at that epoch through state sync: finite parameters of the
@@ -47,7 +50,7 @@ from ..training import ExampleTask, Optimizer
 from ..training.config import MAX_STEP_SAMPLES
 from ._swarm import LOOPBACK
 
-__all__ = ["WeightInflater", "EpochLiar", "flagged", "MAX_STEP_SAMPLES", "ROLES",
+__all__ = ["WeightInflater", "GradientScaler", "EpochLiar", "flagged", "MAX_STEP_SAMPLES", "ROLES",
            "SwarmOutcome", "train_swarm", "loopback_swarm"]
 
 logger = logging.getLogger(__name__)
@@ -112,6 +115,40 @@ class WeightInflater:
     def statistics(self) -> dict[str, Any]:
         """The optimizer's counters and ``inflated_steps``."""
         return {**self.optimizer.statistics(), "inflated_steps": self.inflated_steps}
+
+    def close(self) -> None:
+        self.optimizer.close()
+
+
+class GradientScaler:
+    """A member that sends its gradients multiplied by ``scale`` at an honest weight.
+
+    What a robust aggregation rule is for: its weight is exactly its evidence,
+    so only the values are wrong (``scale=-100``: flipped and a hundred times
+    too large; ``-10``, ``100``...).
+    """
+
+    def __init__(self, optimizer: Optimizer, *, scale: float = -100.0) -> None:
+        self.optimizer = optimizer
+        self.scale = float(scale)
+
+    def step(self, batch_size: int | None = None) -> bool:
+        with torch.no_grad():
+            for group in self.optimizer.optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(self.scale)
+        return self.optimizer.step(batch_size=batch_size)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+    @property
+    def local_epoch(self) -> int:
+        return self.optimizer.local_epoch
+
+    def statistics(self) -> dict[str, Any]:
+        return self.optimizer.statistics()
 
     def close(self) -> None:
         self.optimizer.close()
@@ -216,7 +253,7 @@ def flagged(node: Any, run_id: str | None = None) -> dict[str, dict[str, int]]:
 
 
 #: The roles :func:`train_swarm` knows.
-ROLES = ("honest", "late", "inflater", "liar", "liar0")
+ROLES = ("honest", "late", "inflater", "scaler", "liar", "liar0")
 
 
 @dataclasses.dataclass
@@ -226,7 +263,8 @@ class SwarmOutcome:
     ``params``: the model's parameters, flat; ``epochs``: each optimizer's last
     epoch; ``losses``: the held-out loss (``task.validation_loss``); ``stats``:
     each driver's ``statistics()``; ``flags``: each node's flag book for the run
-    (:func:`flagged`); ``allreduce``: each node's all-reduce statistics (a dict).
+    (:func:`flagged`); ``allreduce``: each node's all-reduce statistics (a dict);
+    ``bans``: each node's bans in force for the run (``Node.banned``).
     """
 
     roles: list[str]
@@ -238,6 +276,7 @@ class SwarmOutcome:
     peer_ids: list[str]
     allreduce: list[dict[str, Any]]
     seconds: float
+    bans: list[dict[str, dict[str, object]]] = dataclasses.field(default_factory=list)
 
     def honest(self) -> list[int]:
         """The honest peers' indices (``late`` ones included)."""
@@ -300,7 +339,8 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
     for ``run_id`` (the same settings for all).  Roles: ``honest``; ``late``
     (honest, starts once the others reached ``late_at``, from parameters
     shifted by 1.0: only a download can make it match); ``inflater``
-    (:class:`WeightInflater`); ``liar`` (:class:`EpochLiar`, lying from epoch
+    (:class:`WeightInflater`); ``scaler`` (:class:`GradientScaler`, -100);
+    ``liar`` (:class:`EpochLiar`, lying from epoch
     1, once the swarm has stepped together) and ``liar0`` (lying from its
     first step).  The attackers train until the honest peers are done.  Each
     peer draws batches ``task.batches(i)``.  AssertionError if the honest peers
@@ -321,6 +361,8 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
             opt = opts[i] = make_optimizer(nodes[i], models[i])
             if roles[i] == "inflater":
                 drivers[i] = WeightInflater(opt)
+            elif roles[i] == "scaler":
+                drivers[i] = GradientScaler(opt)
             elif roles[i] in ("liar", "liar0"):
                 drivers[i] = EpochLiar(opt, from_epoch=1 if roles[i] == "liar" else 0)
             else:
@@ -372,6 +414,7 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
             allreduce = [dataclasses.asdict(n.portal.run_sync(
                 lambda n=n: n.trio_node.averaging.statistics())) for n in nodes]
             peer_ids = [n.peer_id.to_base58() for n in nodes]
+            bans = [n.banned(run_id) for n in nodes]
         finally:
             done.set()
             for o in opts:
@@ -380,7 +423,7 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
     return SwarmOutcome(roles, [_flat(m) for m in models],
                         [epoch_of(i) for i in range(len(roles))],
                         [task.validation_loss(m) for m in models], stats, flags, peer_ids,
-                        allreduce, time.monotonic() - started)
+                        allreduce, time.monotonic() - started, bans)
 
 
 def _flat(model: torch.nn.Module) -> torch.Tensor:

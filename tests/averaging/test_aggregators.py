@@ -291,3 +291,23 @@ def test_the_flag_book_bans_a_repeated_outlier_from_its_run_for_a_while():
     assert book.banned("run", 3.0)[peer.to_base58()]["until"] == 103.0
     assert not book.is_banned(peer, "run", 103.0)   # it expires
     assert book.banned("run", 104.0) == {}
+
+
+def test_an_honest_peer_of_few_samples_is_not_an_outlier():
+    """Its mean is noisier by sqrt(samples ratio); distances are scaled for that."""
+    codec = get_codec("none")
+    layout = Layout([3000], [codec], [1.0, 0, 0, 0], 1024, Aggregator("centered_clip", tau=0.01))
+    gen = torch.Generator().manual_seed(8)
+    samples = [1000.0, 1000.0, 1000.0, 1.0]   # member 3: a slow laptop
+    xs = torch.stack([torch.ones(3000) + torch.randn(3000, generator=gen) / math.sqrt(n)
+                      for n in samples])
+    reducer = PartReducer(layout, 0, [1, 2, 3], xs[0].clone(), samples[0], 0, 0.0, 10.0,
+                          outlier_factor=10.0)
+    for s in (1, 2, 3):
+        reducer.begin(s, samples[s], True, 0.0)
+    for spec in layout.chunks[0]:
+        for s in (1, 2, 3):
+            header = TensorHeader(0, "float32", (3000,), spec.start, spec.count, "none", None)
+            reducer.add_chunk(s, header, codec.encode(xs[s, spec.start:spec.end]), 0.0)
+        reducer.finalize()
+    assert reducer.outliers == {}

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import p2pdl
-from p2pdl.averaging import AllReduceConfig
+from p2pdl.averaging import Aggregator, AllReduceConfig
 from p2pdl.testing import SwarmOutcome, train_swarm
 from p2pdl.training import ExampleConfig, ExampleTask, Optimizer
 
@@ -97,6 +97,32 @@ def check_inflater_capped(outcome: Outcome) -> None:
     assert len(reducers) >= 2, (outcome.allreduce, outcome.stats)
     assert all(outcome.allreduce[i]["weights_capped"] >= 1 for i in reducers), \
         outcome.allreduce
+
+
+def test_a_scaling_member_under_centered_clip_is_banned_and_the_honest_peers_hold(
+        task, honest_run):
+    """A member sending its gradients x -100 at an honest weight: with the
+    weighted mean it would take the run over; CenteredClip bounds it per chunk
+    and its outlier values get it banned by the honest reducers."""
+    run_id = "robust-scaler"
+    robust = AllReduceConfig(aggregator=Aggregator("centered_clip", tau=0.1))
+
+    def make(node, model):
+        return Optimizer(node=node, run_id=run_id,
+                         optimizer=torch.optim.AdamW(model.parameters(), lr=3e-3),
+                         target_batch_size=TARGET, batch_size_per_step=SMALL.batch_size,
+                         matchmaking_time=8.0, allreduce=robust)
+
+    outcome = train_swarm(task, ["honest", "honest", "honest", "scaler"], run_id,
+                          epochs=EPOCHS, make_optimizer=make)
+    check_honest_peers(outcome, honest_run, ATTACK_BOUND)
+    scaler = outcome.of("scaler")
+    assert outcome.flags_on(scaler).get("outlier_values", 0) >= 1, outcome.flags
+    banned_by = [i for i in outcome.honest() if outcome.peer_ids[scaler] in outcome.bans[i]]
+    assert banned_by, (outcome.bans, outcome.allreduce)
+    # honest peers flag nobody honest
+    honest_ids = {outcome.peer_ids[i] for i in outcome.honest()}
+    assert not any(honest_ids & set(outcome.flags[i]) for i in outcome.honest()), outcome.flags
 
 
 def check_liar_flagged(outcome: Outcome) -> None:

@@ -448,16 +448,22 @@ class PartReducer:
                 ready = min(ready, state.next_chunk)
         return ready
 
-    def _note_outliers(self, members: list[int], distances: list[float]) -> None:
+    def _note_outliers(self, members: list[int], weights: list[float],
+                       distances: list[float]) -> None:
         """Note the contributors (not this member) whose values lay more than
         ``outlier_factor`` times the reference distance from the chunk's
-        result: the median distance, and at least ``tau`` under CenteredClip."""
+        result.  Distances are scaled by ``sqrt(weight / median weight)``:
+        an honest mean of fewer samples is noisier by about that factor, so a
+        slow honest peer is not taken for an outlier.  The reference is the
+        median scaled distance, and at least ``tau`` under CenteredClip."""
         if self.outlier_factor is None or len(members) < MIN_CAPPED_CONTRIBUTORS:
             return
-        reference = sorted(distances)[(len(distances) - 1) // 2]
+        typical = sorted(weights)[(len(weights) - 1) // 2]
+        scaled = [d * math.sqrt(w / typical) for d, w in zip(distances, weights, strict=True)]
+        reference = sorted(scaled)[(len(scaled) - 1) // 2]
         if self.aggregator.name == "centered_clip":
             reference = max(reference, self.aggregator.tau)
-        for member, distance in zip(members, distances, strict=True):
+        for member, distance in zip(members, scaled, strict=True):
             if member != self.me and distance > self.outlier_factor * reference:
                 ratio = distance / reference if reference > 0 else math.inf
                 self.outliers[member] = max(self.outliers.get(member, 0.0), ratio)
@@ -489,7 +495,7 @@ class PartReducer:
                                                       [w for _, w in positive], out)
                 assert distances is not None
                 self._note_outliers([i for (i, _, _), w in zip(entries, weights, strict=True)
-                                     if w > 0], distances)
+                                     if w > 0], [w for _, w in positive], distances)
             elif total > 0:
                 out.zero_()
                 for (_, _, values), weight in zip(entries, weights, strict=True):
