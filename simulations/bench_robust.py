@@ -290,7 +290,8 @@ def main() -> None:
         parser.error("--malicious: each count must be positive and under half of --peers")
     skip = {s for s in args.skip.split(",") if s}
     logging.getLogger("p2pdl").setLevel(logging.ERROR)  # each ban is a warning on a node
-    out: dict[str, Any] = {"notes": []}
+    out: dict[str, Any] = {"rows": [], "centered_clip_round_time_ratio": None,
+                           "verification_bytes_per_round": None, "notes": []}
     torch.set_num_threads(1)
     if "training" not in skip:
         print("bench: training", file=sys.stderr)

@@ -1,0 +1,50 @@
+"""simulations/bench_robust.py runs at a tiny size and prints every key."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "simulations" / "bench_robust.py"
+ROW_KEYS = {"attack", "malicious", "peers", "aggregator", "loss", "loss_ratio", "diverged",
+            "banned", "banned_at_step"}
+
+
+def bench(*args: str, timeout: float) -> dict:
+    out = subprocess.run([sys.executable, str(BENCH), *args], capture_output=True, text=True,
+                         timeout=timeout, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+@pytest.mark.timeout(200)
+def test_the_training_part_prints_one_row_per_attack_count_and_rule():
+    result = bench("--skip", "round", "--steps", "8", "--batch", "64", "--attacks",
+                   "scaled,alie", "--malicious", "1,3", timeout=180)
+    rows = result["rows"]
+    assert len(rows) == 2 + 2 * 2 * 2
+    assert all(ROW_KEYS <= set(row) for row in rows)
+    assert {(r["attack"], r["malicious"], r["aggregator"]) for r in rows} >= {
+        ("none", 0, "mean"), ("none", 0, "centered_clip"), ("scaled", 3, "centered_clip"),
+        ("alie", 1, "mean")}
+    baseline = next(r for r in rows if r["attack"] == "none" and r["aggregator"] == "mean")
+    assert baseline["loss_ratio"] == 1.0
+    # x100 gradients are outliers: banned within the 8 steps under CenteredClip
+    scaled = next(r for r in rows if r["attack"] == "scaled" and r["malicious"] == 3
+                  and r["aggregator"] == "centered_clip")
+    assert scaled["banned"] == 3 and scaled["banned_at_step"] < 8
+    # the round part was skipped: its keys are there, null
+    assert result["centered_clip_round_time_ratio"] is None
+    assert result["verification_bytes_per_round"] is None
+
+
+def test_bad_arguments_are_one_line():
+    out = subprocess.run([sys.executable, str(BENCH), "--attacks", "krum"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 2 and "unknown attacks: krum" in out.stderr
+    assert "Traceback" not in out.stderr
