@@ -2,7 +2,8 @@
 aggregation rule, and what CenteredClip costs a round.  One JSON.
 
     python simulations/bench_robust.py [--peers 8] [--steps 200] [--batch 512] [--tau 0.05]
-        [--attacks sign_flip,scaled,gaussian,alie,ipm,constant] [--malicious 1,3]
+        [--attacks sign_flip,scaled,gaussian,alie,ipm,constant,constant_hidden]
+        [--malicious 1,3]
         [--round-peers 4] [--numel 10000000] [--rounds 5] [--skip training,round]
         [--timeout 900]
 
@@ -26,7 +27,10 @@ aggregation rule, and what CenteredClip costs a round.  One JSON.
    ``sign_flip`` (-10 x its own gradient), ``scaled`` (100 x), ``gaussian``
    (N(0, 1) per value), ``alie`` (honest mean - 1.0 x honest std per
    value, all attackers alike), ``ipm`` (-0.5 x the honest mean), and
-   ``constant`` (one fixed direction, norm 10).  Every run starts from the
+   ``constant`` (one fixed direction, norm 10), and ``constant_hidden``
+   (the honest mean plus that fixed direction at 5 times the honest rows'
+   median distance from their mean: an adaptive attacker that stays under
+   the outlier threshold, so it is never banned).  Every run starts from the
    same model and sees the same honest batches.  As on a node, a sender
    whose values a robust reducer finds more than ``outlier_factor`` (10)
    times the reference distance from the result is flagged
@@ -75,12 +79,13 @@ from p2pdl.averaging.allreduce import OUTLIER_FLAG  # noqa: E402
 from p2pdl.service import FlagBook  # noqa: E402
 from p2pdl.wire import TensorHeader  # noqa: E402
 
-ATTACKS = ("sign_flip", "scaled", "gaussian", "alie", "ipm", "constant")
+ATTACKS = ("sign_flip", "scaled", "gaussian", "alie", "ipm", "constant", "constant_hidden")
 DIM_IN, HIDDEN, CLASSES, TEACHER_HIDDEN = 16, 64, 10, 32
 HELD_OUT, CHUNK = 4096, 1024
 LR, MOMENTUM = 0.1, 0.9
 ALIE_Z, IPM_EPS, GAUSSIAN_STD, CONSTANT_NORM = 1.0, 0.5, 1.0, 10.0
 OUTLIER_FACTOR = 10.0  # AllReduceConfig's default
+HIDDEN_SPREADS = 5.0   # constant_hidden: this many honest spreads from the honest mean
 
 
 # ---------------------------------------------------------------- the training task
@@ -136,6 +141,11 @@ def attack_rows(name: str, own: torch.Tensor, honest: torch.Tensor,
         return (-IPM_EPS * honest.mean(dim=0)).expand(count, -1).clone()
     if name == "constant":
         return constant.expand(count, -1).clone()
+    if name == "constant_hidden":  # one direction, kept under the outlier threshold
+        mean = honest.mean(dim=0)
+        spread = float(torch.linalg.vector_norm(honest - mean, dim=1).median())
+        push = constant * (HIDDEN_SPREADS * spread / float(constant.norm()))
+        return (mean + push).expand(count, -1).clone()
     raise ValueError(name)
 
 
