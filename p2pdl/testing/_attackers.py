@@ -56,7 +56,27 @@ __all__ = ["WeightInflater", "GradientScaler", "EpochLiar", "flagged", "MAX_STEP
 logger = logging.getLogger(__name__)
 
 
-class WeightInflater:
+class _Attacker:
+    """What every attacker does as its optimizer does: the training loop's
+    ``zero_grad``, ``local_epoch``, ``statistics`` and ``close``."""
+
+    optimizer: Optimizer
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none)
+
+    @property
+    def local_epoch(self) -> int:
+        return self.optimizer.local_epoch
+
+    def statistics(self) -> dict[str, Any]:
+        return self.optimizer.statistics()
+
+    def close(self) -> None:
+        self.optimizer.close()
+
+
+class WeightInflater(_Attacker):
     """A member that claims a huge batch and sends flipped gradients.
 
     Args:
@@ -105,22 +125,12 @@ class WeightInflater:
                          opt.local_epoch)
         return opt.step(batch_size=claimed)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none)
-
-    @property
-    def local_epoch(self) -> int:
-        return self.optimizer.local_epoch
-
     def statistics(self) -> dict[str, Any]:
         """The optimizer's counters and ``inflated_steps``."""
         return {**self.optimizer.statistics(), "inflated_steps": self.inflated_steps}
 
-    def close(self) -> None:
-        self.optimizer.close()
 
-
-class GradientScaler:
+class GradientScaler(_Attacker):
     """A member that sends its gradients multiplied by ``scale`` at an honest weight.
 
     What a robust aggregation rule is for: its weight is exactly its evidence,
@@ -140,21 +150,8 @@ class GradientScaler:
                         p.grad.mul_(self.scale)
         return self.optimizer.step(batch_size=batch_size)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none)
 
-    @property
-    def local_epoch(self) -> int:
-        return self.optimizer.local_epoch
-
-    def statistics(self) -> dict[str, Any]:
-        return self.optimizer.statistics()
-
-    def close(self) -> None:
-        self.optimizer.close()
-
-
-class EpochLiar:
+class EpochLiar(_Attacker):
     """A member that claims a far newer epoch and offers a poisoned state at it.
 
     Args:
@@ -224,19 +221,9 @@ class EpochLiar:
             self._lied_at = opt.local_epoch
         return opt.step(batch_size)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none)
-
-    @property
-    def local_epoch(self) -> int:
-        return self.optimizer.local_epoch
-
     def statistics(self) -> dict[str, Any]:
         """The optimizer's counters, ``lying`` and ``shares`` (poisoned states offered)."""
         return {**self.optimizer.statistics(), "lying": self.lying, "shares": self.shares}
-
-    def close(self) -> None:
-        self.optimizer.close()
 
 
 def flagged(node: Any, run_id: str | None = None) -> dict[str, dict[str, int]]:
