@@ -19,7 +19,11 @@ aggregation rule, and what CenteredClip costs a round.  One JSON.
    values) and one ``PartReducer`` per part, fed every sender's encoded
    chunks exactly as the service feeds them, with the rule under test
    (``mean`` or ``centered_clip`` with ``--tau``); then SGD (lr 0.1,
-   momentum 0.9) steps on the result, the same on every peer.  The first
+   momentum 0.9) steps on the result, the same on every peer.  A third
+   column, ``centered_clip+momentum``, is CenteredClip with worker momentum
+   (``OptimizerConfig.sent_momentum``): each peer sends its momentum
+   ``m = 0.9 m + g`` and SGD steps on the aggregate without momentum of its
+   own (on honest peers alone it is the same optimizer).  The first
    ``malicious`` peers (0, 1 or 3 of 8) replace their gradient with the
    attack and reduce no part (their plan share is 0: the bench measures
    what a sender's values do; a lying reducer is the verification's
@@ -178,12 +182,16 @@ def reduce_all(layout: Layout, rows: torch.Tensor, banned: set[int]
 
 
 def train(task: Task, peers: int, malicious: int, attack: str, aggregator: Aggregator,
-          steps: int, batch: int) -> tuple[float, dict[int, int]]:
+          steps: int, batch: int, worker_momentum: bool = False
+          ) -> tuple[float, dict[int, int]]:
     """The held-out loss after ``steps`` (every peer holds the same model), and
-    the step at which each banned peer was banned."""
+    the step at which each banned peer was banned.  ``worker_momentum``: each
+    peer sends its momentum of its gradients (``OptimizerConfig.sent_momentum``,
+    MOMENTUM) and SGD steps without momentum of its own."""
     model = task.student()
     model.load_state_dict(task.initial)
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR,
+                                momentum=0.0 if worker_momentum else MOMENTUM)
     numel = sum(p.numel() for p in model.parameters())
     fractions = [0.0] * malicious + [1.0 / (peers - malicious)] * (peers - malicious)
     layout = Layout([numel], [get_codec("none")], fractions, CHUNK, aggregator)
@@ -193,8 +201,12 @@ def train(task: Task, peers: int, malicious: int, attack: str, aggregator: Aggre
     constant = direction * (CONSTANT_NORM / float(direction.norm()))
     book = FlagBook()   # every honest reducer sees the same: one book stands for each's
     banned: dict[int, int] = {}
+    momenta = torch.zeros(peers, numel)
     for step in range(steps):
         rows = torch.stack([gradient(model, task.sample(batch, data)) for _ in range(peers)])
+        if worker_momentum:
+            momenta.mul_(MOMENTUM).add_(rows)
+            rows = momenta.clone()
         if malicious:
             rows[:malicious] = attack_rows(attack, rows[:malicious], rows[malicious:],
                                            constant, noise)
@@ -218,10 +230,11 @@ def train(task: Task, peers: int, malicious: int, attack: str, aggregator: Aggre
 
 def training_rows(args: argparse.Namespace) -> dict[str, Any]:
     task = Task()
-    rules = {"mean": Aggregator("mean"), "centered_clip": Aggregator("centered_clip",
-                                                                      tau=args.tau)}
+    clip = Aggregator("centered_clip", tau=args.tau)
+    rules = {"mean": (Aggregator("mean"), False), "centered_clip": (clip, False),
+             "centered_clip+momentum": (clip, True)}
     started = time.perf_counter()
-    baseline, _ = train(task, args.peers, 0, "none", rules["mean"], args.steps, args.batch)
+    baseline, _ = train(task, args.peers, 0, "none", rules["mean"][0], args.steps, args.batch)
     untrained = task.loss(task.student())
     rows: list[dict[str, Any]] = []
 
@@ -239,13 +252,15 @@ def training_rows(args: argparse.Namespace) -> dict[str, Any]:
               f"{loss:.4f}", file=sys.stderr)
 
     add("none", 0, "mean", (baseline, {}))
-    add("none", 0, "centered_clip", train(task, args.peers, 0, "none", rules["centered_clip"],
-                                          args.steps, args.batch))
+    for name, (rule, momentum) in rules.items():
+        if name != "mean":
+            add("none", 0, name, train(task, args.peers, 0, "none", rule, args.steps,
+                                       args.batch, momentum))
     for attack in args.attacks:
         for malicious in args.malicious:
-            for name, rule in rules.items():
+            for name, (rule, momentum) in rules.items():
                 add(attack, malicious, name, train(task, args.peers, malicious, attack, rule,
-                                                   args.steps, args.batch))
+                                                   args.steps, args.batch, momentum))
     return {"rows": rows, "honest_mean_loss": round(baseline, 4),
             "untrained_loss": round(untrained, 4), "steps": args.steps, "batch": args.batch,
             "tau": args.tau,

@@ -27,11 +27,11 @@ def test_the_training_part_prints_one_row_per_attack_count_and_rule():
     result = bench("--skip", "round", "--steps", "8", "--batch", "64", "--attacks",
                    "scaled,alie", "--malicious", "1,3", timeout=180)
     rows = result["rows"]
-    assert len(rows) == 2 + 2 * 2 * 2
+    assert len(rows) == 3 + 2 * 2 * 3
     assert all(ROW_KEYS <= set(row) for row in rows)
     assert {(r["attack"], r["malicious"], r["aggregator"]) for r in rows} >= {
         ("none", 0, "mean"), ("none", 0, "centered_clip"), ("scaled", 3, "centered_clip"),
-        ("alie", 1, "mean")}
+        ("alie", 1, "mean"), ("alie", 3, "centered_clip+momentum")}
     baseline = next(r for r in rows if r["attack"] == "none" and r["aggregator"] == "mean")
     assert baseline["loss_ratio"] == 1.0
     # x100 gradients are outliers: banned within the 8 steps under CenteredClip

@@ -71,13 +71,18 @@ class DeDLOCStrategy:
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], *,
-                 clip_grad_norm: float | None = None, on_failure: str = "local") -> None:
+                 clip_grad_norm: float | None = None, on_failure: str = "local",
+                 sent_momentum: float | None = None) -> None:
         _check_on_failure(on_failure)
         self._optimizer = optimizer
         self._params = list(params)
         self._clip_grad_norm = clip_grad_norm
         self._on_failure = on_failure
+        self._sent_momentum = sent_momentum
         self.accumulators: list[torch.Tensor] | None = None
+        #: this peer's own momentum of its mean gradients (``sent_momentum``):
+        #: local, never part of the shared state
+        self.momentum: list[torch.Tensor] | None = None
 
     def on_batch(self, samples: int) -> None:
         if samples == 0:
@@ -95,10 +100,19 @@ class DeDLOCStrategy:
                 acc.zero_()
 
     def round_tensors(self, samples: int) -> list[torch.Tensor]:
-        """The mean gradients (zeros before any sample)."""
+        """The mean gradients (zeros before any sample); with ``sent_momentum``
+        ``beta``, this peer's momentum ``m = beta * m + mean`` instead."""
         if self.accumulators is None or samples == 0:
-            return [torch.zeros_like(p, dtype=torch.float32) for p in self._params]
-        return [acc / samples for acc in self.accumulators]
+            mean = [torch.zeros_like(p, dtype=torch.float32) for p in self._params]
+        else:
+            mean = [acc / samples for acc in self.accumulators]
+        if self._sent_momentum is None:
+            return mean
+        if self.momentum is None:
+            self.momentum = [torch.zeros_like(g) for g in mean]
+        for m, g in zip(self.momentum, mean, strict=True):
+            m.mul_(self._sent_momentum).add_(g)
+        return [m.clone() for m in self.momentum]
 
     def on_failure(self, sent: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """``"local"``: step with this peer's own mean gradients; ``"skip"``: drop them."""
@@ -201,7 +215,7 @@ def make_strategy(config: OptimizerConfig, optimizer: torch.optim.Optimizer,
                               outer_momentum=config.outer_momentum,
                               clip_grad_norm=config.clip_grad_norm, on_failure=config.on_failure)
     return DeDLOCStrategy(optimizer, params, clip_grad_norm=config.clip_grad_norm,
-                          on_failure=config.on_failure)
+                          on_failure=config.on_failure, sent_momentum=config.sent_momentum)
 
 
 def clip_total_norm(tensors: Sequence[torch.Tensor], max_norm: float | None) -> float:

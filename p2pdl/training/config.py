@@ -52,6 +52,17 @@ class OptimizerConfig:
             (``AllReduceConfig.aggregator``), keeps honest peers'
             differences comparable to CenteredClip's ``tau``: set ``tau``
             near this norm.
+        sent_momentum: DeDLOC mode: send this peer's momentum of its mean
+            gradients, ``m = beta * m + mean``, instead of the mean itself
+            (None: the mean).  With a robust aggregator this is
+            CenteredClip with worker momentum (Karimireddy et al. 2021):
+            honest momenta agree more closely than single gradients, so an
+            attacker that hides inside the honest spread round after round
+            gains far less.  The averaged momentum is the gradient the wrapped
+            optimizer steps with, so give that optimizer no momentum of its
+            own (plain SGD, or Adam with ``betas=(0, ...)``).  Each peer's
+            momentum is its own: it is not in the shared state or in
+            checkpoints, and starts at zero after a restart.  In [0, 1).
         delay_updates: average in the background while the next batches
             compute and apply the result one step late (DeDLOC mode only).
         outer_lr, outer_momentum: DiLoCo's outer Nesterov SGD (0.7, 0.9 as in
@@ -86,6 +97,7 @@ class OptimizerConfig:
     on_failure: str = "local"
     clip_grad_norm: float | None = None
     clip_sent_norm: float | None = None
+    sent_momentum: float | None = None
     delay_updates: bool = False
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
@@ -128,6 +140,13 @@ class OptimizerConfig:
         for name in ("delay_updates", "auxiliary", "state_sync"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False")
+        if self.sent_momentum is not None:
+            if not (is_number(self.sent_momentum) and 0 <= self.sent_momentum < 1):
+                raise ConfigError(f"sent_momentum must be None or in [0, 1), "
+                                  f"got {self.sent_momentum!r}")
+            if self.mode == "diloco":
+                raise ConfigError("sent_momentum applies to mode='dedloc' only (DiLoCo has "
+                                  "its outer momentum)")
         if self.delay_updates and self.mode == "diloco":
             raise ConfigError("delay_updates applies to mode='dedloc' only")
         if self.target_group_size is not None:

@@ -557,3 +557,11 @@ def test_clip_sent_norm_bounds_what_a_round_sends():
     opt.close()
     with pytest.raises(ConfigError):
         OptimizerConfig(clip_sent_norm=0.0)
+
+
+def test_sent_momentum_is_refused_where_it_has_no_meaning():
+    for bad in (1.0, -0.1, "0.5"):
+        with pytest.raises(ConfigError):
+            OptimizerConfig(sent_momentum=bad)
+    with pytest.raises(ConfigError):
+        OptimizerConfig(sent_momentum=0.9, mode="diloco")

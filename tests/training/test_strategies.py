@@ -77,6 +77,21 @@ def test_dedloc_apply_clips_the_averaged_gradients():
     assert torch.allclose(model.weight, torch.tensor([[-0.6, -0.8]]), atol=1e-5)
 
 
+def test_dedloc_sent_momentum_sends_the_peers_momentum_and_keeps_it_out_of_the_state():
+    model = linear([0.0, 0.0])
+    strategy, _ = dedloc(model, sent_momentum=0.5)
+    for grad in ([2.0, 4.0], [1.0, 1.0]):
+        model.weight.grad = torch.tensor([grad])
+        strategy.on_batch(2)
+        sent = strategy.round_tensors(2)
+        strategy.apply([s.clone() for s in sent])   # the round's result replaces it
+        strategy.reset()
+    assert torch.allclose(sent[0], torch.tensor([[2.0, 3.0]]))   # 0.5 * [2, 4] + [1, 1]
+    sent[0].zero_()   # the all-reduce writes into what was sent: the momentum is apart
+    assert torch.allclose(strategy.momentum[0], torch.tensor([[2.0, 3.0]]))
+    assert strategy.extra_state() is None   # each peer's own, never shared
+
+
 def test_dedloc_apply_none_leaves_the_parameters():
     model = linear([1.0, 2.0])
     strategy, _ = dedloc(model)
