@@ -6,6 +6,7 @@ Modules:
 * ``_build`` -- :func:`open_host`: py-libp2p with TCP + Noise + Yamux only, and its relays.
 * ``_host`` -- :class:`Host`, the facade the layers above use, composed of the five below.
 * ``_paths`` -- connections, and how each peer is reached (direct, hole-punched, relayed).
+* ``_dcutr`` -- DCUtR that tells ``_paths`` which direct connections it hole-punched.
 * ``_dialer`` -- dialling (direct, then circuits), known addresses, initial peers, streams.
 * ``_reservations`` -- circuit relay reservations held on relays, carried out on trio.
 * ``_inbound`` -- every incoming stream: bounded per peer, timed, its errors counted and contained.
@@ -15,7 +16,7 @@ Modules:
 * ``_hardening`` -- patches: multistream-select and Yamux input checked, remote errors logged low.
 * ``_relay`` -- the reservation book (sans-IO) and circuit address helpers.
 * ``_identity`` -- the persistent ed25519 identity file.
-* ``_addrs`` -- parsing of peer ids and multiaddrs given by users.
+* ``_addrs`` -- parsing of peer ids and multiaddrs given by users; unspecified addresses kept out.
 * ``_backoff`` -- retry delays (sans-IO).
 * ``_ping`` -- the standard libp2p ping as a client (``/ipfs/ping/1.0.0``).
 * ``_yamux`` -- patch: Yamux frame writes made whole under cancellation.

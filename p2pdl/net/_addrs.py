@@ -23,6 +23,32 @@ def parse_multiaddr(text: str | multiaddr.Multiaddr, what: str = "address") -> m
         raise ConfigError(f"{what} {text!r} is not a valid multiaddr: {exc}") from None
 
 
+def is_unspecified(addr: str | multiaddr.Multiaddr) -> bool:
+    """True for a direct address on ``0.0.0.0`` or ``::``: a listen address, never dialable.
+
+    Dialling one reaches this machine itself (a peer-id mismatch that makes
+    py-libp2p drop the peer's good addresses too).
+    """
+    parts = str(addr).split("/")
+    return len(parts) > 2 and parts[1] in ("ip4", "ip6") and parts[2] in ("0.0.0.0", "::")
+
+
+def filter_peerstore(peerstore: object) -> None:
+    """Make ``peerstore`` (py-libp2p's) drop unspecified addresses on the way in.
+
+    py-libp2p's identify stores a peer's listen addresses as the peer sends
+    them, ``/ip4/0.0.0.0/...`` included; a peer may also send them on purpose.
+    """
+    add_addrs = peerstore.add_addrs  # type: ignore[attr-defined]
+
+    def filtered_add_addrs(peer_id: ID, addrs: object, ttl: int = 0) -> None:
+        kept = [a for a in addrs if not is_unspecified(a)]  # type: ignore[attr-defined]
+        if kept:
+            add_addrs(peer_id, kept, ttl)
+
+    peerstore.add_addrs = filtered_add_addrs  # type: ignore[attr-defined]
+
+
 def parse_peer_id(value: PeerIDLike) -> ID:
     if isinstance(value, ID):
         return value

@@ -45,7 +45,6 @@ from libp2p.crypto.x25519 import create_new_key_pair as create_x25519_key_pair
 from libp2p.network.config import ConnectionConfig, RetryConfig
 from libp2p.relay.circuit_v2.config import RelayConfig as LibRelayConfig
 from libp2p.relay.circuit_v2.config import RelayRole as LibRelayRole
-from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
 from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
 from libp2p.relay.circuit_v2.resources import RelayLimits as LibRelayLimits
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
@@ -58,6 +57,7 @@ from libp2p.tools.anyio_service import background_trio_service
 from .._concurrency import open_service_nursery
 from ..errors import ConfigError
 from ._addrs import parse_multiaddr, parse_peer_addr
+from ._dcutr import LabelledDCUtR
 from ._fastpath import install as _install_fast_path
 from ._hardening import install as _install_input_hardening
 from ._host import Host
@@ -241,7 +241,8 @@ async def open_host(config: HostConfig | None = None,
             host.use_circuit_transport(CircuitV2Transport(
                 libp2p_host, circuit, LibRelayConfig(roles=roles, limits=limits)))
             if config.hole_punching:
-                dcutr = DCUtRProtocol(libp2p_host, dial_timeout=int(config.dial_timeout))
+                dcutr = LabelledDCUtR(libp2p_host, host._paths,
+                                      dial_timeout=int(config.dial_timeout))
                 await stack.enter_async_context(background_trio_service(dcutr))
             host._inbound.guard_libp2p_handlers()
             host.add_relay_candidates(initial)

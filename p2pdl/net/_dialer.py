@@ -33,7 +33,7 @@ from ..errors import (
     ProtocolNotSupportedError,
     StreamClosedError,
 )
-from ._addrs import PeerIDLike, parse_multiaddr, parse_peer_addr, parse_peer_id
+from ._addrs import PeerIDLike, is_unspecified, parse_multiaddr, parse_peer_addr, parse_peer_id
 from ._backoff import Backoff
 from ._paths import Paths
 from ._relay import circuit_addr, is_circuit
@@ -98,11 +98,15 @@ class Dialer:
         found through it).  All of it is bounded by ``timeout``.
         """
         is_connected = self._paths.is_connected
-        if is_connected(info.peer_id):
+        direct = [a for a in info.addrs if not is_circuit(a) and not is_unspecified(a)]
+        # A peer reached only through a relay is dialled again when we are
+        # given a direct address for it: the direct connection replaces the
+        # circuit (py-libp2p's own connect would return the circuit).
+        relayed_only = self._paths.path(info.peer_id) == "relayed"
+        if is_connected(info.peer_id) and not (relayed_only and direct):
             return
         timeout = self._config.dial_timeout if timeout is None else timeout
         self.remember(info)
-        direct = [a for a in info.addrs if not is_circuit(a)]
         circuits = [_with_target(a, info.peer_id) for a in info.addrs if is_circuit(a)]
         errors: list[str] = []
         with trio.move_on_after(timeout) as scope:
@@ -110,10 +114,17 @@ class Dialer:
                 # Our own schedule decides retries: lift py-libp2p's 60 s block.
                 self._host.get_network().unblock_peer(info.peer_id)  # type: ignore[attr-defined]
                 try:
-                    await self._host.connect(PeerInfo(info.peer_id, direct))
+                    if relayed_only:
+                        await self._dial_direct(info.peer_id, direct)
+                    else:
+                        await self._host.connect(PeerInfo(info.peer_id, direct))
                     return
                 except Exception as exc:
                     errors.append(f"{', '.join(str(a) for a in direct)}: {reason(exc)}")
+                if relayed_only:  # still reached through the relay: connected all the same
+                    logger.debug("no direct connection to relayed peer %s: %s",
+                                 info.peer_id, "; ".join(errors))
+                    return
             for addr in [*circuits, *self._relay_routes(info.peer_id, circuits)]:
                 if is_connected(info.peer_id):
                     return
@@ -127,6 +138,19 @@ class Dialer:
         if scope.cancelled_caught:
             errors.append(f"no connection within {timeout:.1f} s")
         raise PeerUnreachableError(f"cannot connect to {info.peer_id}: " + "; ".join(errors))
+
+    async def _dial_direct(self, peer: ID, addrs: list[multiaddr.Multiaddr]) -> None:
+        """A new direct connection to ``peer`` by the first of ``addrs`` that answers."""
+        network = self._host.get_network()
+        last: Exception | None = None
+        for addr in addrs:
+            try:
+                await network.dial_addr(addr, peer)  # type: ignore[attr-defined]
+                return
+            except Exception as exc:
+                last = exc
+        assert last is not None
+        raise last
 
     async def _dial_circuit(self, addr: multiaddr.Multiaddr) -> None:
         if self.circuit_transport is None:
@@ -166,6 +190,8 @@ class Dialer:
         parsed = []
         for addr in addrs:
             text = str(addr)
+            if is_unspecified(text):  # a listen address, dialable nowhere
+                continue
             if not is_circuit(text):  # a direct address: the transport part only
                 text = text.split(f"/p2p/{peer_id}")[0]
             try:

@@ -23,7 +23,7 @@ from libp2p.peer.peerinfo import PeerInfo
 from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from multiaddr.utils import get_network_addrs
 
-from ._addrs import PeerIDLike, parse_multiaddr, parse_peer_id
+from ._addrs import PeerIDLike, filter_peerstore, parse_multiaddr, parse_peer_id
 from ._budget import InputBudget, register_input_budget
 from ._dialer import Dialer
 from ._inbound import InboundStatistics, InboundStreams, StreamHandler
@@ -61,6 +61,7 @@ class Host:
     def __init__(self, libp2p_host: IHost, config: HostConfig) -> None:
         self._host = libp2p_host
         self._config = config
+        filter_peerstore(libp2p_host.get_peerstore())
         self._reservations = Reservations(libp2p_host, config, self.new_stream)
         self._paths = Paths(libp2p_host.get_network(), self._reservations.on_connection_lost)
         self._dialer = Dialer(libp2p_host, config, self._paths, self._reservations)

@@ -1,7 +1,12 @@
 """Connections and paths: which peers the host is connected to, and how.
 
-A peer is reached ``direct``, ``hole-punched`` (a direct connection that
-replaced a relayed one: DCUtR) or ``relayed`` (a circuit through a relay).
+A peer is reached ``direct``, ``hole-punched`` (a direct connection that a
+DCUtR exchange opened through NATs) or ``relayed`` (a circuit through a
+relay).  A direct connection is ``hole-punched`` only when it opened while a
+DCUtR exchange with that peer ran (``punch_started``/``punch_ended``, told by
+:class:`~p2pdl.net._dcutr.LabelledDCUtR`) or the exchange confirmed it
+(``punch_succeeded``); a plain dial to a public peer that was first reached
+through a relay stays ``direct``.
 :class:`Paths` keeps that bookkeeping from py-libp2p's connection
 notifications and wakes whoever waits for a connection to open or close.
 """
@@ -79,9 +84,10 @@ class Paths:
     def __init__(self, network: INetwork, on_connection_lost: Callable[[ID], None]) -> None:
         self._network = network
         self._on_connection_lost = on_connection_lost
-        # Peers whose first connection of the current session was relayed: a
-        # direct connection to them later is a hole punch.
-        self._relayed_first: set[ID] = set()
+        # Peers with a DCUtR exchange running now (a count: the initiator and
+        # responder sides may overlap), and peers whose direct connection
+        # came from such an exchange.
+        self._punching: dict[ID, int] = {}
         self._hole_punched: set[ID] = set()
         self._watcher = _ConnectionWatcher(self._on_connected, self._on_disconnected)
         network.register_notifee(self._watcher)
@@ -128,20 +134,36 @@ class Paths:
                 return str(remote[0])
         return None
 
+    def punch_started(self, peer: ID) -> None:
+        """A DCUtR exchange with ``peer`` began: a direct connection now is a punch."""
+        self._punching[peer] = self._punching.get(peer, 0) + 1
+
+    def punch_ended(self, peer: ID) -> None:
+        """A DCUtR exchange with ``peer`` ended (whatever its outcome)."""
+        left = self._punching.get(peer, 0) - 1
+        if left > 0:
+            self._punching[peer] = left
+        else:
+            self._punching.pop(peer, None)
+
+    def punch_succeeded(self, peer: ID) -> None:
+        """The exchange verified a direct connection to ``peer``."""
+        if peer not in self._hole_punched and any(
+                connection_kind(c) == "direct" for c in self._connections(peer)):
+            self._hole_punched.add(peer)
+            logger.info("hole punch to %s succeeded: direct connection", peer)
+
     def _on_connected(self, conn: INetConn) -> None:
         peer = conn.muxed_conn.peer_id
-        others = [c for c in self._connections(peer) if c is not conn]
-        kind = connection_kind(conn)
-        if kind == "relayed" and not any(connection_kind(c) == "direct" for c in others):
-            self._relayed_first.add(peer)
-        elif kind == "direct" and peer in self._relayed_first:
+        logger.debug("connected to %s (%s)", peer, connection_kind(conn))
+        if connection_kind(conn) == "direct" and peer in self._punching \
+                and peer not in self._hole_punched:
             self._hole_punched.add(peer)
             logger.info("hole punch to %s succeeded: direct connection", peer)
 
     def _on_disconnected(self, conn: INetConn) -> None:
         peer = conn.muxed_conn.peer_id
         remaining = [c for c in self._connections(peer) if c is not conn]
-        if not remaining:
-            self._relayed_first.discard(peer)
+        if not any(connection_kind(c) == "direct" for c in remaining):
             self._hole_punched.discard(peer)
         self._on_connection_lost(peer)

@@ -17,7 +17,9 @@ Commands (``{"op": ..., ...}``):
 * ``quit``.
 
 Each command is bounded by its own timeout; errors come back as
-``{"error": "..."}`` and the agent keeps running.
+``{"error": "..."}`` and the agent keeps running.  ``P2PDL_AGENT_LOG=DEBUG``
+(or ``INFO``) in its environment logs p2pdl's and the relay's loggers at that
+level to stderr, each line with the process id.
 """
 
 from __future__ import annotations
@@ -153,6 +155,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.no_reachability:
         import dataclasses
         config = dataclasses.replace(config, nat=ReachabilityConfig(enabled=False))
+    if os.environ.get("P2PDL_AGENT_LOG"):
+        import logging
+        logging.getLogger("p2pdl").setLevel(os.environ["P2PDL_AGENT_LOG"])
+        logging.getLogger("libp2p.relay").setLevel(os.environ["P2PDL_AGENT_LOG"])
+        logging.basicConfig(level="INFO", stream=sys.stderr,
+                            format=f"%(relativeCreated)d {os.getpid()} %(name)s %(message)s")
     try:
         trio.run(_main, config)
     except KeyboardInterrupt:

@@ -112,6 +112,23 @@ async def test_hole_punching_upgrades_to_direct_and_traffic_leaves_the_relay(lab
             assert through_relay < 2 * MiB, through_relay  # 32 MiB went around R
 
 
+async def test_public_hosts_are_direct_not_hole_punched(lab):
+    """Two public hosts that also know a relay: their connection is ``direct`` on
+    both sides, and stays so while DCUtR's driver runs (every 2 s)."""
+    relay_host = lab.add_public_host("relay")
+    p1, p2 = lab.add_public_host("pub1"), lab.add_public_host("pub2")
+    async with agent(relay_host, "--relay") as r:
+        boot = address(r, relay_host)
+        async with agent(p1, "--initial-peers", boot) as a, \
+                agent(p2, "--initial-peers", boot) as b:
+            await b.command("connect", addr=address(a, p1))
+            await trio.sleep(5)
+            sent = await b.command("send", peer=a.peer_id, mib=4)
+            assert sent["path"] == "direct", sent
+            assert (await a.command("status"))["paths"][b.peer_id] == "direct"
+            assert (await b.command("status"))["paths"][r.peer_id] == "direct"
+
+
 async def test_symmetric_nats_stay_relayed_and_keep_working(lab):
     """(c) port-randomising NATs: hole punching fails, the relay carries the traffic."""
     relay_host, a_host, b_host = two_nats(lab, NatType.SYMMETRIC)

@@ -98,14 +98,19 @@ async def test_private_node_reserves_and_is_reached_through_the_relay():
         assert b.host.path(relay.peer_id) == "direct"
 
 
-async def test_relayed_connection_is_upgraded_by_hole_punching():
+async def test_relayed_connection_is_upgraded_by_dcutr():
+    """On loopback DCUtR's first step, a plain dial to the peer's addresses,
+    upgrades the circuit: no NAT was crossed, so the path is ``direct``
+    (a real hole punch through NATs is in tests/nat/test_nat_netlab.py)."""
     async with open_node(relay_config()) as relay, \
             open_node(private_config(relay.addrs[:1])) as a, \
             open_node(private_config(relay.addrs[:1])) as b:
         await wait_for(lambda: any(is_circuit(x) for x in a.addrs))
         circuit = next(x for x in a.addrs if is_circuit(x))
         await b.connect(circuit)
-        await wait_for(lambda: b.host.path(a.peer_id) == "hole-punched", timeout=15)
+        assert b.host.path(a.peer_id) == "relayed"
+        await wait_for(lambda: b.host.path(a.peer_id) == "direct", timeout=15)
+        await wait_for(lambda: a.host.path(b.peer_id) == "direct", timeout=15)
         assert await b.ping(a.peer_id) < 5
 
 
@@ -158,3 +163,34 @@ async def test_public_node_drops_its_wish_for_relays():
         a.host.set_wants_relays(False)
         assert a.host.relay_reservations()  # held until it expires; not refreshed
         assert a.host._reservations.book.next_action(trio.current_time(), False).kind == "wait"
+
+
+async def test_a_relayed_peer_dialled_by_its_direct_address_is_reached_direct_not_punched():
+    """A plain dial that replaces a circuit is ``direct``; only a DCUtR exchange punches."""
+    async with open_node(relay_config()) as relay, \
+            open_node(private_config(relay.addrs[:1], relay_reservations=1,
+                                     hole_punching=False)) as a, \
+            open_node(private_config(relay.addrs[:1], hole_punching=False)) as b:
+        await wait_for(lambda: any(is_circuit(x) for x in a.addrs))
+        circuit = next(x for x in a.addrs if is_circuit(x))
+        await b.connect(circuit)
+        assert b.host.path(a.peer_id) == "relayed"
+        direct = next(x for x in a.addrs if not is_circuit(x))
+        assert await b.connect(direct) == a.peer_id
+        assert b.host.path(a.peer_id) == "direct"
+        await wait_for(lambda: a.host.path(b.peer_id) == "direct")
+        assert await b.ping(a.peer_id) < 5
+
+
+async def test_unspecified_addresses_never_enter_the_peerstore():
+    """Identify carries a peer's ``0.0.0.0`` listen address; dialling it reaches ourselves."""
+    from multiaddr import Multiaddr
+
+    async with open_node(relay_config()) as relay:
+        store = relay.host._host.get_peerstore()
+        other = peer(0).peer_id
+        store.add_addrs(other, [Multiaddr("/ip4/0.0.0.0/tcp/4001"),
+                                Multiaddr("/ip4/10.1.2.3/tcp/4001")], 60)
+        store.add_addr(other, Multiaddr("/ip6/::/tcp/4001"), 60)
+        assert [str(a) for a in store.addrs(other)] == ["/ip4/10.1.2.3/tcp/4001"]
+        assert relay.host.known_addrs(other) == ["/ip4/10.1.2.3/tcp/4001"]
