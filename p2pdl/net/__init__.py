@@ -20,7 +20,7 @@ Modules:
 * ``_backoff`` -- retry delays (sans-IO).
 * ``_ping`` -- the standard libp2p ping as a client (``/ipfs/ping/1.0.0``).
 * ``_yamux`` -- patch: Yamux frame writes made whole under cancellation.
-* ``_fastpath`` -- patch: py-libp2p's bulk data path made cheaper per byte.
+* ``_fastpath`` -- patch: py-libp2p's bulk data path made cheaper per byte; ``read_owned``.
 """
 
 from ._addrs import PeerIDLike as PeerIDLike
@@ -33,6 +33,7 @@ from ._budget import input_budget as input_budget
 from ._build import MUXER_PROTOCOLS as MUXER_PROTOCOLS
 from ._build import SECURITY_PROTOCOLS as SECURITY_PROTOCOLS
 from ._build import open_host as open_host
+from ._fastpath import read_owned as read_owned
 from ._host import Host as Host
 from ._host import HostStatistics as HostStatistics
 from ._identity import load_identity as load_identity

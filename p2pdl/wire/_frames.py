@@ -27,7 +27,9 @@ class FrameKind(enum.IntEnum):
 
 class Frame(NamedTuple):
     kind: FrameKind
-    payload: bytearray
+    #: Writable and the frame's own: a buffer, or a view of a received chunk
+    #: that nothing else refers to (a large frame that arrived whole).
+    payload: bytearray | memoryview
 
     @property
     def wire_size(self) -> int:
@@ -100,8 +102,11 @@ class FrameDecoder:
     gets its buffer -- from ``alloc``, a :class:`BufferPool` in a stream --
     only once it is complete.  Each payload byte is copied once into that
     buffer, which the frame then owns (writable, so tensors can be built on
-    it without another copy).  :attr:`held` is the memory a partial frame
-    takes (a view keeps its whole chunk alive), for the node's input budget.
+    it without another copy) -- except a large frame that arrives whole in
+    a chunk the caller owns (``feed(owned=True)``, a buffer taken from the
+    muxer): its payload is a view of that chunk, with no copy at all.
+    :attr:`held` is the memory a partial frame takes (a view keeps its
+    whole chunk alive), for the node's input budget.
     ``feed`` raises :class:`RemoteProtocolError` on any violation; after that
     the decoder must not be used again.
     """
@@ -142,11 +147,13 @@ class FrameDecoder:
                 len(p) for p in self._pieces if isinstance(p, bytearray))
         return len(self._header)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
+    def feed(self, data: bytes | bytearray | memoryview, *, owned: bool = False) -> list[Frame]:
+        """Frames completed by ``data``.  ``owned``: nothing else will change ``data``
+        (a buffer taken from the muxer), so views of it may be kept like views of bytes."""
         frames: list[Frame] = []
         view = memoryview(data).cast("B")
-        # Views of an immutable chunk are safe to keep; anything else is copied.
-        keep_views = isinstance(data, bytes)
+        # Views of an immutable or owned chunk are safe to keep; anything else is copied.
+        keep_views = owned or isinstance(data, bytes)
         pos, end = 0, len(view)
         while pos < end:
             if self._payload is None and self._pieces is None:
@@ -161,8 +168,11 @@ class FrameDecoder:
             if payload is not None:
                 payload[self._filled : self._filled + take] = view[pos : pos + take]
             elif self._filled == 0 and take == self._length:  # the whole frame at once
-                payload = self._alloc(take)
-                payload[:] = view[pos : pos + take]
+                if owned and take >= self.MIN_PIECE:  # ours and writable: no copy
+                    payload = view[pos : pos + take]
+                else:
+                    payload = self._alloc(take)
+                    payload[:] = view[pos : pos + take]
             else:
                 self._add_piece(view[pos : pos + take], keep_views and 2 * take >= end)
             self._filled += take
@@ -225,6 +235,22 @@ class FrameDecoder:
         self._header.clear()
         self._payload = self._pieces = None
         self._filled = self._pinned = 0
+
+    def wanted(self, pending: bytes | bytearray) -> int:
+        """Bytes of ``pending`` (received, not fed yet) that would complete a frame.
+
+        With a frame in progress, what it still lacks; at a frame boundary,
+        the whole next frame as far as ``pending`` shows its header.  The
+        reader waits for that much so a large frame arrives in one piece.
+        """
+        if self._payload is not None or self._pieces is not None:
+            return self._length - self._filled
+        missing = FRAME_HEADER_SIZE - len(self._header)
+        if len(pending) < missing:
+            return missing
+        header = bytes(self._header) + bytes(pending[:missing])
+        _, length = _HEADER.unpack(header)
+        return missing + min(length, MAX_FRAME_PAYLOAD)
 
     def check_complete(self) -> None:
         """Called at end of stream: a partial frame means the peer truncated it."""

@@ -33,7 +33,7 @@ from ..errors import (
     RemoteProtocolError,
     StreamClosedError,
 )
-from ..net import input_budget
+from ..net import input_budget, read_owned
 from ._flow import ReceiveWindow, SendCredit
 from ._frames import (
     BufferPool,
@@ -76,6 +76,10 @@ logger = logging.getLogger(__name__)
 
 #: How long a closing stream waits for the peer to finish sending before reset.
 CLOSE_LINGER = 2.0
+#: Seconds the reader waits for a large frame to be buffered whole (then no copy).
+WHOLE_FRAME_PATIENCE = 0.25
+#: A partial frame's deadline moves at most this late (seconds) before it is pushed back.
+FRAME_DEADLINE_SLACK = 1.0
 #: Bound on the reset/close calls made while tearing a stream down.
 TEARDOWN_TIMEOUT = 2.0
 
@@ -359,39 +363,37 @@ class FramedStream:
     async def _read_loop(self) -> None:
         net, decoder, read_size = self._net, self._decoder, self._config.read_size
         frame_timeout = self._config.frame_timeout
+        # One scope for the whole loop: entering a scope per read cost more
+        # than the rest of the loop.  Its deadline is pushed back (at most
+        # once per FRAME_DEADLINE_SLACK seconds, each push has a cost) while
+        # a partial frame's bytes keep coming, and lifted between frames.
+        inf, now = float("inf"), trio.current_time
         try:
             while True:
                 try:
-                    if decoder.buffered:
-                        with trio.move_on_after(frame_timeout) as scope:
-                            data = await net.read(read_size)
-                        if scope.cancelled_caught:
-                            raise RemoteProtocolError(
-                                f"a frame was left unfinished: {decoder.buffered} bytes of it, "
-                                f"then nothing for {frame_timeout:.0f} s")
-                    else:
-                        data = await net.read(read_size)
+                    with trio.CancelScope() as scope:
+                        while True:
+                            if decoder.buffered:
+                                if scope.deadline == inf:
+                                    scope.deadline = now() + frame_timeout
+                                elif now() + frame_timeout - scope.deadline \
+                                        > FRAME_DEADLINE_SLACK:
+                                    scope.deadline = now() + frame_timeout
+                            elif scope.deadline != inf:
+                                scope.deadline = inf
+                            data = await read_owned(net, read_size, decoder.wanted,
+                                                    WHOLE_FRAME_PATIENCE)
+                            if not data or self._on_data(data):
+                                break
+                    if scope.cancelled_caught:
+                        raise RemoteProtocolError(
+                            f"a frame was left unfinished: {decoder.buffered} bytes of it, "
+                            f"then nothing for {frame_timeout:.0f} s")
                 except StreamEOF:
                     data = b""
                 if not data:
                     decoder.check_complete()
                     return
-                self._bytes_received += len(data)
-                self._count()[1] += len(data)
-                for frame in decoder.feed(data):
-                    if frame.kind is FrameKind.CREDIT:
-                        self._credit.grant(decode_credit(frame.payload))
-                        self._credit_lot.unpark_all()
-                    else:
-                        self._window.on_frame(frame.wire_size)
-                        self._frames_received += 1
-                        dispatcher = self._dispatcher
-                        if dispatcher is not None and not self._inbox and dispatcher(frame):
-                            self._consumed(frame.wire_size)
-                        else:
-                            self._inbox.append(frame)
-                            self._inbox_lot.unpark_all()
-                self._hold(decoder.held + self._window.buffered)
         except RemoteProtocolError as exc:
             # Whoever owns the stream reports it (the host logs an inbound one once).
             logger.debug("protocol error from %s on %s: %s", self.peer_id, self.protocol, exc)
@@ -405,6 +407,26 @@ class FramedStream:
             self._peer_done.set()
             self._inbox_lot.unpark_all()
             self._credit_lot.unpark_all()
+
+    def _on_data(self, data: bytes | bytearray) -> bool:
+        """Take bytes read from the muxer (ours: see ``read_owned``); never true."""
+        self._bytes_received += len(data)
+        self._count()[1] += len(data)
+        for frame in self._decoder.feed(data, owned=isinstance(data, bytearray)):
+            if frame.kind is FrameKind.CREDIT:
+                self._credit.grant(decode_credit(frame.payload))
+                self._credit_lot.unpark_all()
+            else:
+                self._window.on_frame(frame.wire_size)
+                self._frames_received += 1
+                dispatcher = self._dispatcher
+                if dispatcher is not None and not self._inbox and dispatcher(frame):
+                    self._consumed(frame.wire_size)
+                else:
+                    self._inbox.append(frame)
+                    self._inbox_lot.unpark_all()
+        self._hold(self._decoder.held + self._window.buffered)
+        return False
 
     async def _credit_loop(self) -> None:
         while True:

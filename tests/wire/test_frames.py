@@ -39,6 +39,36 @@ def test_round_trip_with_every_split_point():
         decoder.check_complete()
 
 
+def test_a_large_frame_whole_in_an_owned_chunk_is_a_view_not_a_copy():
+    big = bytes(range(256)) * 1024  # 256 KiB
+    chunk = bytearray(frame(FrameKind.TENSOR, big) + frame(FrameKind.MESSAGE, b"hi")
+                      + frame(FrameKind.TENSOR, big)[:1000])
+    decoder = FrameDecoder(**LIMITS)
+    frames = decoder.feed(chunk, owned=True)
+    assert [f.kind for f in frames] == [FrameKind.TENSOR, FrameKind.MESSAGE]
+    payload = frames[0].payload
+    assert isinstance(payload, memoryview) and not payload.readonly
+    assert payload.obj is chunk and bytes(payload) == big  # the chunk's own bytes
+    assert isinstance(frames[1].payload, bytearray)  # small frames are copied out
+    # The partial third frame holds its small start as a copy, and says what it lacks.
+    assert decoder.held == 1000 - 5
+    assert decoder.wanted(b"") == len(big) - (1000 - 5)
+    # Not owned (bytes, read-only): a copy the frame owns, writable.
+    copied = FrameDecoder(**LIMITS).feed(bytes(chunk[:5 + len(big)]))[0].payload
+    assert isinstance(copied, bytearray) and bytes(copied) == big
+
+
+def test_wanted_is_the_whole_next_frame_as_far_as_its_header_shows():
+    decoder = FrameDecoder(**LIMITS)
+    assert decoder.wanted(b"") == 5
+    assert decoder.wanted(b"\x02\x00") == 5
+    assert decoder.wanted(frame_header(FrameKind.TENSOR, 70000)) == 70005
+    # An announced length over the protocol limit asks no more than the limit.
+    assert decoder.wanted(struct.pack(">BI", 2, 2**32 - 1)) == 5 + MAX_FRAME_PAYLOAD
+    decoder.feed(frame_header(FrameKind.TENSOR, 70000) + bytes(100))
+    assert decoder.wanted(b"") == 69900
+
+
 def test_byte_by_byte():
     stream = frame(FrameKind.MESSAGE, b"abc") * 3
     decoder = FrameDecoder(**LIMITS)

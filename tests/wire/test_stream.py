@@ -10,6 +10,7 @@ import struct
 import pytest
 import torch
 import trio
+import trio.lowlevel
 from libp2p.network.stream.exceptions import StreamError
 
 from p2pdl import NodeConfig, open_node
@@ -172,6 +173,9 @@ async def test_bad_frames_reset_only_that_stream(three_nodes, garbage, reason):
     raw = await attacker.host.libp2p.new_stream(a.peer_id, [SINK])
     await raw.write(garbage)
     await _expect_reset(raw)
+    with trio.fail_after(5):  # the handler sees the error once its reset went out
+        while not errors:
+            await trio.sleep(0.01)
     assert any(re.search(reason, str(e)) for e in errors), errors
     # The node keeps serving: the honest peer, and the attacker's other stream.
     async with honest.open_stream(a.peer_id, SINK) as stream:
@@ -322,3 +326,48 @@ async def test_a_half_sent_frame_times_out():
         assert trio.current_time() - start < 5
         assert "left unfinished" in str(errors[0])
         assert a.host.statistics().buffered_input == 0
+
+
+async def test_large_frames_arrive_without_a_copy_and_small_ones_cost_no_window_update(
+        two_nodes, monkeypatch):
+    """The receive fast path (``net.read_owned``) on real Yamux streams: tensor
+    frames are views of the buffers taken from Yamux, and a stream of small
+    messages does not send a Yamux window update per read."""
+    from libp2p.stream_muxer.yamux import yamux
+
+    a, b = two_nodes
+    updates = []
+    original = yamux.YamuxStream.send_window_update
+
+    async def counted(self, *args, **kwargs):
+        updates.append(self.stream_id)
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(yamux.YamuxStream, "send_window_update", counted)
+    owners: list[str] = []
+    messages = []
+
+    async def handler(stream):
+        while (item := await stream.receive(HELLO)) is not None:
+            if isinstance(item, TensorChunk):
+                owners.append(type(item.data.obj).__name__)
+            else:
+                messages.append(int(item[1].name))
+        await stream.send_message(Hello(0, "done"), 0)
+
+    a.set_stream_handler(SINK, handler)
+    source = torch.arange(8 * MiB // 4, dtype=torch.float32)
+    async with b.open_stream(a.peer_id, SINK) as stream:
+        await stream.send_tensor(source, chunk_size=MiB)
+        updates.clear()
+        for i in range(300):
+            await stream.send_message(Hello(i % 10, str(i)), i)
+            await trio.lowlevel.checkpoint()  # one message per read, as a slow sender's would be
+        await stream.close_write()
+        await stream.receive_message(HELLO)
+    assert messages == list(range(300))
+    assert len(owners) == 8
+    # Most chunks were taken whole from Yamux (a bytearray subclass), not copied
+    # into the pool's buffers (plain bytearrays).
+    assert sum(name != "bytearray" for name in owners) >= 6, owners
+    assert len(updates) <= 4, len(updates)  # py-libp2p alone sends about one per read
