@@ -32,7 +32,11 @@
    ``--epochs``.  ``honest_loss_ratio`` = the honest peers' held-out loss in
    the attacked run over the honest run's at the same epoch (goal <= 1.05);
    ``flags_seen`` lists what the honest peers flagged, ``honest_identical``
-   whether the honest peers ended bit-identical.
+   whether the honest peers ended bit-identical.  ``attack_rounds`` gives,
+   per attacker, the epochs in which its attack reached the honest peers
+   (``SwarmOutcome.attack_rounds``: the inflater's inflated rounds with an
+   honest peer, the liar's claimed epochs once flagged); an attacker with
+   none is listed in ``unmounted`` and the ratio is null (a note says why).
 
 Context keys: ``peers``, ``numel``, ``rounds``, ``handshakes``, the medians,
 ``epochs``, the losses, ``untrained_loss``, ``seconds`` per part.  A part that
@@ -202,8 +206,10 @@ def measure_loss(epochs: int, seconds: float) -> dict[str, Any]:
     honest_loss = honest.losses[0]
     attacked_loss = statistics.mean(attacked.losses[i] for i in attacked.honest())
     flags: dict[str, dict[str, int]] = {}
+    attack_rounds: dict[str, list[int]] = {}
     for role in ("inflater", "liar"):
         flags[role] = attacked.flags_on(attacked.of(role))
+        attack_rounds[role] = attacked.attack_rounds(attacked.of(role))
     return {"honest_loss_ratio": round(attacked_loss / honest_loss, 4),
             "honest_run_loss": round(honest_loss, 4),
             "attacked_run_honest_loss": round(attacked_loss, 4),
@@ -211,6 +217,7 @@ def measure_loss(epochs: int, seconds: float) -> dict[str, Any]:
             "epochs": epochs, "honest_identical": attacked.identical(),
             "honest_run_identical": honest.identical(),
             "attacked_epochs": attacked.epochs, "flags_seen": flags,
+            "attack_rounds": attack_rounds, "unmounted": attacked.unmounted(),
             "weights_capped": [attacked.allreduce[i]["weights_capped"]
                                for i in attacked.honest()],
             "inflated_steps": attacked.stats[attacked.of("inflater")]["inflated_steps"],
@@ -256,6 +263,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             out.update(part())
         except (RunFailed, RuntimeError, AssertionError, OSError) as exc:
             notes.append(f"{name} failed: {type(exc).__name__}: {exc}")
+        if name == "loss" and out.get("unmounted"):
+            # An attack that never reached the honest peers measured nothing.
+            notes.append(f"loss: the attack of {', '.join(out['unmounted'])} reached no "
+                         f"honest peer (attack_rounds {out['attack_rounds']}); "
+                         f"honest_loss_ratio is not a measurement")
+            out["honest_loss_ratio"] = None
         seconds[name] = round(time.monotonic() - began, 1)
     out["seconds"] = seconds
     out["notes"] = notes

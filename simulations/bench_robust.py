@@ -181,11 +181,23 @@ def reduce_all(layout: Layout, rows: torch.Tensor, banned: set[int]
     return out, outliers
 
 
+def ranges(steps: list[int]) -> list[list[int]]:
+    """Sorted steps as inclusive ``[first, last]`` runs: [0, 1, 2, 5] -> [[0, 2], [5, 5]]."""
+    out: list[list[int]] = []
+    for step in steps:
+        if out and step == out[-1][1] + 1:
+            out[-1][1] = step
+        else:
+            out.append([step, step])
+    return out
+
+
 def train(task: Task, peers: int, malicious: int, attack: str, aggregator: Aggregator,
           steps: int, batch: int, worker_momentum: bool = False
-          ) -> tuple[float, dict[int, int]]:
-    """The held-out loss after ``steps`` (every peer holds the same model), and
-    the step at which each banned peer was banned.  ``worker_momentum``: each
+          ) -> tuple[float, dict[int, int], list[list[int]]]:
+    """The held-out loss after ``steps`` (every peer holds the same model), the
+    step at which each banned peer was banned, and for each attacker the steps
+    in which the reducers took its values (not banned yet).  ``worker_momentum``: each
     peer sends its momentum of its gradients (``OptimizerConfig.sent_momentum``,
     MOMENTUM) and SGD steps without momentum of its own."""
     model = task.student()
@@ -201,6 +213,7 @@ def train(task: Task, peers: int, malicious: int, attack: str, aggregator: Aggre
     constant = direction * (CONSTANT_NORM / float(direction.norm()))
     book = FlagBook()   # every honest reducer sees the same: one book stands for each's
     banned: dict[int, int] = {}
+    contributed: list[list[int]] = [[] for _ in range(malicious)]
     momenta = torch.zeros(peers, numel)
     for step in range(steps):
         rows = torch.stack([gradient(model, task.sample(batch, data)) for _ in range(peers)])
@@ -210,13 +223,16 @@ def train(task: Task, peers: int, malicious: int, attack: str, aggregator: Aggre
         if malicious:
             rows[:malicious] = attack_rows(attack, rows[:malicious], rows[malicious:],
                                            constant, noise)
+        for member in range(malicious):
+            if member not in banned:   # every part but its own (it reduces none) takes it
+                contributed[member].append(step)
         averaged, outliers = reduce_all(layout, rows, set(banned))
         for member in outliers:
             book.flag(bytes([0, 1, member]), "bench", OUTLIER_FLAG, float(step))
             if book.is_banned(bytes([0, 1, member]), "bench", float(step)):
                 banned.setdefault(member, step)
         if not torch.isfinite(averaged).all():
-            return math.inf, banned
+            return math.inf, banned, contributed
         offset = 0
         for p in model.parameters():
             p.grad = averaged[offset:offset + p.numel()].view_as(p).clone()
@@ -224,8 +240,8 @@ def train(task: Task, peers: int, malicious: int, attack: str, aggregator: Aggre
         optimizer.step()
         loss = task.loss(model)
         if not math.isfinite(loss) or loss > 1e6:
-            return math.inf, banned
-    return task.loss(model), banned
+            return math.inf, banned, contributed
+    return task.loss(model), banned, contributed
 
 
 def training_rows(args: argparse.Namespace) -> dict[str, Any]:
@@ -234,24 +250,32 @@ def training_rows(args: argparse.Namespace) -> dict[str, Any]:
     rules = {"mean": (Aggregator("mean"), False), "centered_clip": (clip, False),
              "centered_clip+momentum": (clip, True)}
     started = time.perf_counter()
-    baseline, _ = train(task, args.peers, 0, "none", rules["mean"][0], args.steps, args.batch)
+    baseline, _, _ = train(task, args.peers, 0, "none", rules["mean"][0], args.steps,
+                           args.batch)
     untrained = task.loss(task.student())
     rows: list[dict[str, Any]] = []
+    notes: list[str] = []
 
-    def add(attack: str, malicious: int, name: str, outcome: tuple[float, dict[int, int]]
-            ) -> None:
-        loss, banned = outcome
-        ratio = loss / baseline if math.isfinite(loss) else None
+    def add(attack: str, malicious: int, name: str,
+            outcome: tuple[float, dict[int, int], list[list[int]]]) -> None:
+        loss, banned, contributed = outcome
+        mounted = all(contributed)   # every attacker's values were taken at least once
+        ratio = loss / baseline if math.isfinite(loss) and mounted else None
         rows.append({"attack": attack, "malicious": malicious, "peers": args.peers,
                      "aggregator": name, "loss": round(loss, 4) if math.isfinite(loss) else None,
                      "loss_ratio": round(ratio, 4) if ratio is not None else None,
                      "diverged": not math.isfinite(loss) or loss >= untrained,
                      "banned": len(banned),
-                     "banned_at_step": max(banned.values()) if banned else None})
+                     "banned_at_step": max(banned.values()) if banned else None,
+                     "attack_rounds": [ranges(steps) for steps in contributed],
+                     "mounted": mounted})
+        if not mounted:
+            notes.append(f"{attack} {malicious}/{args.peers} {name}: an attacker's values "
+                         f"were taken in no step; the row measured nothing")
         print(f"bench:   {attack:>9} {malicious}/{args.peers} {name:>13}: loss "
               f"{loss:.4f}", file=sys.stderr)
 
-    add("none", 0, "mean", (baseline, {}))
+    add("none", 0, "mean", (baseline, {}, []))
     for name, (rule, momentum) in rules.items():
         if name != "mean":
             add("none", 0, name, train(task, args.peers, 0, "none", rule, args.steps,
@@ -261,7 +285,7 @@ def training_rows(args: argparse.Namespace) -> dict[str, Any]:
             for name, (rule, momentum) in rules.items():
                 add(attack, malicious, name, train(task, args.peers, malicious, attack, rule,
                                                    args.steps, args.batch, momentum))
-    return {"rows": rows, "honest_mean_loss": round(baseline, 4),
+    return {"rows": rows, "notes": notes, "honest_mean_loss": round(baseline, 4),
             "untrained_loss": round(untrained, 4), "steps": args.steps, "batch": args.batch,
             "tau": args.tau,
             "training_s": round(time.perf_counter() - started, 1)}

@@ -44,3 +44,6 @@ def test_every_part_at_a_tiny_size():
     assert result["handshakes_sent_per_peer"] == [3, 3, 3, 3]
     assert result["honest_run_identical"] and result["epochs"] == 2
     assert result["flags_seen"]["liar"].get("epoch_ahead"), result["flags_seen"]
+    # both attacks reached the honest peers: the ratio measured an attack
+    assert result["unmounted"] == [], result["attack_rounds"]
+    assert result["attack_rounds"]["inflater"] and result["attack_rounds"]["liar"], result

@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "simulations" / "bench_robust.py"
 ROW_KEYS = {"attack", "malicious", "peers", "aggregator", "loss", "loss_ratio", "diverged",
-            "banned", "banned_at_step"}
+            "banned", "banned_at_step", "attack_rounds", "mounted"}
 
 
 def bench(*args: str, timeout: float) -> dict:
@@ -29,6 +29,18 @@ def test_the_training_part_prints_one_row_per_attack_count_and_rule():
     rows = result["rows"]
     assert len(rows) == 3 + 2 * 2 * 3
     assert all(ROW_KEYS <= set(row) for row in rows)
+    # every attacker's values were taken in some step: each row measured an attack
+    assert not [n for n in result["notes"] if "measured nothing" in n], result["notes"]
+    assert all(row["mounted"] for row in rows)
+    attacked = [r for r in rows if r["malicious"]]
+    assert all(len(r["attack_rounds"]) == r["malicious"] and all(r["attack_rounds"])
+               for r in attacked)
+    # an attacker banned at step k was taken in steps 0..k-1 or k, and never after
+    for r in attacked:
+        if r["banned"] == r["malicious"]:
+            assert all(runs[-1][1] <= r["banned_at_step"] for runs in r["attack_rounds"]), r
+        else:
+            assert any(runs == [[0, 7]] for runs in r["attack_rounds"]), r
     assert {(r["attack"], r["malicious"], r["aggregator"]) for r in rows} >= {
         ("none", 0, "mean"), ("none", 0, "centered_clip"), ("scaled", 3, "centered_clip"),
         ("alie", 1, "mean"), ("alie", 3, "centered_clip+momentum")}

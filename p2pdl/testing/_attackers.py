@@ -25,7 +25,8 @@ role caps, the all-reduce's evidence and share caps, the state donors' vote).
   members of a certificate run made on the spot), one training thread per
   peer of the given roles on an example task, until the honest peers reach
   an epoch; returns a :class:`SwarmOutcome` (parameters, epochs, held-out
-  losses, counters, flag books, all-reduce statistics per peer).
+  losses, counters, flag books, all-reduce statistics and rounds per peer,
+  and where each attacker's attack reached the honest peers).
 
 Neither is a test double of p2pdl: both are clients of it.
 """
@@ -46,7 +47,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
 from .. import Authority, CertificateRun, Node, Role
-from ..training import ExampleTask, Optimizer
+from ..training import ExampleTask, Optimizer, RoundInfo
 from ..training.config import MAX_STEP_SAMPLES
 from ._swarm import LOOPBACK
 
@@ -102,6 +103,7 @@ class WeightInflater(_Attacker):
         self.claimed_batch = claimed_batch
         self.scale = float(scale)
         self.inflated_steps = 0
+        self.inflated_epochs: list[int] = []   # the epochs whose round it claimed inflated
 
     def step(self, batch_size: int | None = None) -> bool:
         """Flip the gradients, claim the batch (inflated when the round is due), step."""
@@ -121,13 +123,16 @@ class WeightInflater(_Attacker):
         claimed = self.claimed_batch if due else real
         if due:
             self.inflated_steps += 1
+            if opt.local_epoch not in self.inflated_epochs:
+                self.inflated_epochs.append(opt.local_epoch)
             logger.debug("weight inflater: claims %d samples at epoch %d", claimed,
                          opt.local_epoch)
         return opt.step(batch_size=claimed)
 
     def statistics(self) -> dict[str, Any]:
-        """The optimizer's counters and ``inflated_steps``."""
-        return {**self.optimizer.statistics(), "inflated_steps": self.inflated_steps}
+        """The optimizer's counters, ``inflated_steps`` and ``inflated_epochs``."""
+        return {**self.optimizer.statistics(), "inflated_steps": self.inflated_steps,
+                "inflated_epochs": list(self.inflated_epochs)}
 
 
 class GradientScaler(_Attacker):
@@ -187,6 +192,7 @@ class EpochLiar(_Attacker):
         self.lying = False
         self.shares = 0
         self._lied_at = -1
+        self.lied_epochs: list[int] = []   # the epochs it claimed (its reports' epochs)
 
     def poisoned_parameters(self) -> list[torch.Tensor]:
         """The parameters it offers: the same on every call."""
@@ -206,6 +212,8 @@ class EpochLiar(_Attacker):
         opt.state_keeper.epoch = max(self.claimed_epoch, opt.local_epoch)
         opt.state_keeper.share(force=True)
         self.shares += 1
+        if opt.state_keeper.epoch not in self.lied_epochs:
+            self.lied_epochs.append(opt.state_keeper.epoch)
         if not self.lying:
             logger.info("epoch liar: claims epoch %d and offers a poisoned state",
                         self.claimed_epoch)
@@ -222,8 +230,10 @@ class EpochLiar(_Attacker):
         return opt.step(batch_size)
 
     def statistics(self) -> dict[str, Any]:
-        """The optimizer's counters, ``lying`` and ``shares`` (poisoned states offered)."""
-        return {**self.optimizer.statistics(), "lying": self.lying, "shares": self.shares}
+        """The optimizer's counters, ``lying``, ``shares`` (poisoned states offered)
+        and ``lied_epochs`` (the epochs it claimed)."""
+        return {**self.optimizer.statistics(), "lying": self.lying, "shares": self.shares,
+                "lied_epochs": list(self.lied_epochs)}
 
 
 def flagged(node: Any, run_id: str | None = None) -> dict[str, dict[str, int]]:
@@ -251,7 +261,12 @@ class SwarmOutcome:
     epoch; ``losses``: the held-out loss (``task.validation_loss``); ``stats``:
     each driver's ``statistics()``; ``flags``: each node's flag book for the run
     (:func:`flagged`); ``allreduce``: each node's all-reduce statistics (a dict);
-    ``bans``: each node's bans in force for the run (``Node.banned``).
+    ``bans``: each node's bans in force for the run (``Node.banned``);
+    ``rounds``: each optimizer's ``round_history()``.
+
+    :meth:`attack_rounds` says where each attacker's attack reached the honest
+    peers; :meth:`unmounted` lists the attackers whose attack never did (a
+    scenario with one tested nothing about it).
     """
 
     roles: list[str]
@@ -264,6 +279,7 @@ class SwarmOutcome:
     allreduce: list[dict[str, Any]]
     seconds: float
     bans: list[dict[str, dict[str, object]]] = dataclasses.field(default_factory=list)
+    rounds: list[list[RoundInfo]] = dataclasses.field(default_factory=list)
 
     def honest(self) -> list[int]:
         """The honest peers' indices (``late`` ones included)."""
@@ -276,6 +292,42 @@ class SwarmOutcome:
         """Whether every honest peer ended with bit-identical parameters."""
         honest = self.honest()
         return all(torch.equal(self.params[honest[0]], self.params[i]) for i in honest[1:])
+
+    def attackers(self) -> list[int]:
+        """The attackers' indices."""
+        return [i for i, r in enumerate(self.roles) if r not in ("honest", "late")]
+
+    def rounds_with(self, index: int) -> list[int]:
+        """The epochs of rounds in which some honest peer's part took peer ``index``'s
+        values (it was a contributor in that peer's round: not excluded), sorted."""
+        peer = self.peer_ids[index]
+        return sorted({info.epoch for i in self.honest() if i != index
+                       for info in self.rounds[i] if peer in info.contributors})
+
+    def attack_rounds(self, index: int) -> list[int]:
+        """The epochs in which attacker ``index``'s attack reached the honest peers.
+
+        An inflater: the rounds with an honest peer whose weight it inflated
+        (its ``inflated_epochs``); a scaler: every round with an honest peer
+        (it scales every gradient it sends); a liar, whose attack is its
+        reports and its offered state rather than values in a round: the
+        epochs it claimed, once the honest peers heard the claim (they
+        flagged it ``epoch_ahead``).  Empty: the attack was never mounted.
+        """
+        role, stats = self.roles[index], self.stats[index]
+        if role == "inflater":
+            inflated = set(stats.get("inflated_epochs", ()))
+            return [e for e in self.rounds_with(index) if e in inflated]
+        if role == "scaler":
+            return self.rounds_with(index)
+        if role in ("liar", "liar0"):
+            heard = self.flags_on(index).get("epoch_ahead", 0) > 0
+            return sorted(stats.get("lied_epochs", ())) if heard else []
+        return []
+
+    def unmounted(self) -> list[str]:
+        """The attackers (``role#index``) whose attack reached no honest peer."""
+        return [f"{self.roles[i]}#{i}" for i in self.attackers() if not self.attack_rounds(i)]
 
     def flags_on(self, index: int) -> dict[str, int]:
         """Every flag kind the honest peers raised against peer ``index``, summed."""
@@ -402,6 +454,7 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
                 lambda n=n: n.trio_node.averaging.statistics())) for n in nodes]
             peer_ids = [n.peer_id.to_base58() for n in nodes]
             bans = [n.banned(run_id) for n in nodes]
+            rounds = [o.round_history() if o is not None else [] for o in opts]
         finally:
             done.set()
             for o in opts:
@@ -410,7 +463,7 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
     return SwarmOutcome(roles, [_flat(m) for m in models],
                         [epoch_of(i) for i in range(len(roles))],
                         [task.validation_loss(m) for m in models], stats, flags, peer_ids,
-                        allreduce, time.monotonic() - started, bans)
+                        allreduce, time.monotonic() - started, bans, rounds)
 
 
 def _flat(model: torch.nn.Module) -> torch.Tensor:

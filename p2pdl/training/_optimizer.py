@@ -160,6 +160,11 @@ class Optimizer:
         """The collaboration's progress as this peer sees it."""
         return self._tracker.global_progress()
 
+    def round_history(self) -> list[RoundInfo]:
+        """The last rounds this optimizer took part in (at most ``ROUND_HISTORY``),
+        oldest first: each one's epoch, outcome, group size, weight and contributors."""
+        return list(self.rounds.history)
+
     def statistics(self) -> dict[str, Any]:
         """Counters: rounds by outcome, state syncs, checkpoints, and the epoch."""
         return {"epoch": self.state_keeper.epoch, "local_steps": self._local_steps,

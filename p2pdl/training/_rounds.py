@@ -22,6 +22,7 @@ with samples :class:`Rounds` has the tracker publish that report at once
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import dataclasses
 import logging
@@ -40,12 +41,15 @@ from .config import OptimizerConfig
 if TYPE_CHECKING:
     from ..progress import GlobalProgress
 
-__all__ = ["RoundInfo", "RoundResult", "PendingRound", "Rounds", "AUXILIARY_POLL"]
+__all__ = ["RoundInfo", "RoundResult", "PendingRound", "Rounds", "AUXILIARY_POLL",
+           "ROUND_HISTORY"]
 
 logger = logging.getLogger(__name__)
 
 #: How often an auxiliary peer looks for the next epoch after joining a round (s).
 AUXILIARY_POLL = 0.05
+#: Rounds an optimizer remembers (``Optimizer.round_history``).
+ROUND_HISTORY = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +59,7 @@ class RoundInfo:
     ``outcome`` is ``"averaged"`` (every part completed), ``"partial"``
     (some parts kept this peer's own values), ``"alone"`` (no other peer:
     a local step), ``"failed"`` (no group: ``on_failure`` applied).
+    ``opt.round_history()`` keeps the last :data:`ROUND_HISTORY` of them.
     """
 
     epoch: int
@@ -63,6 +68,10 @@ class RoundInfo:
     samples: int
     seconds: float
     error: str | None = None
+    #: The members whose values this peer's own part took in the round (base58
+    #: ids, this peer included): the group less those its reducer excluded.
+    #: Empty for a failed round or a step alone.
+    contributors: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +119,8 @@ class Rounds:
         self._assisted: int | None = None   # the epoch whose round an auxiliary peer joined
         self._seen_others = time.monotonic()   # when the view last had another trainer
         self._counters = {"rounds": 0, "averaged": 0, "partial": 0, "alone": 0, "failed": 0}
+        #: The last :data:`ROUND_HISTORY` rounds, oldest first.
+        self.history: collections.deque[RoundInfo] = collections.deque(maxlen=ROUND_HISTORY)
 
     def statistics(self) -> dict[str, int]:
         """Rounds started, and how they ended: averaged, partial, alone, failed."""
@@ -185,7 +196,13 @@ class Rounds:
 
     def judge(self, epoch: int, sent: list[torch.Tensor], samples: int,
               outcome: AllReduceResult | BaseException, seconds: float) -> RoundResult:
-        """Count and log how the round ended."""
+        """Count, log and remember how the round ended."""
+        result = self._judge(epoch, sent, samples, outcome, seconds)
+        self.history.append(result.info)
+        return result
+
+    def _judge(self, epoch: int, sent: list[torch.Tensor], samples: int,
+               outcome: AllReduceResult | BaseException, seconds: float) -> RoundResult:
         if isinstance(outcome, BaseException):
             self._counters["failed"] += 1
             level = logging.INFO if isinstance(outcome, MatchmakingFailedError) else logging.WARNING
@@ -195,16 +212,18 @@ class Rounds:
             return RoundResult(RoundInfo(epoch, "failed", 1, samples, seconds, str(outcome)),
                                sent, None)
         size = len(outcome.group.members)
+        contributors = _contributors(outcome)
         if outcome.completed:
             self._counters["averaged"] += 1
-            return RoundResult(RoundInfo(epoch, "averaged", size, samples, seconds), sent,
-                               outcome.tensors)
+            return RoundResult(RoundInfo(epoch, "averaged", size, samples, seconds,
+                                         contributors=contributors), sent, outcome.tensors)
         self._counters["partial"] += 1
         missing = [i for i, part in enumerate(outcome.parts) if not part.completed]
         logger.warning("run %s epoch %d: parts %s did not complete; they keep local values",
                        self.run_id, epoch, missing)
         return RoundResult(RoundInfo(epoch, "partial", size, samples, seconds,
-                                     f"parts {missing} incomplete"), sent, outcome.tensors)
+                                     f"parts {missing} incomplete", contributors),
+                           sent, outcome.tensors)
 
     def run(self, epoch: int, sent: list[torch.Tensor], samples: int, *, alone: bool
             ) -> RoundResult:
@@ -215,7 +234,9 @@ class Rounds:
             logger.info("run %s epoch %d: no other peer for %.0f s; stepping alone",
                         self.run_id, epoch, time.monotonic() - self._seen_others)
             self._counters["alone"] += 1
-            return RoundResult(RoundInfo(epoch, "alone", 1, samples, 0.0), sent, sent)
+            info = RoundInfo(epoch, "alone", 1, samples, 0.0)
+            self.history.append(info)
+            return RoundResult(info, sent, sent)
         outcome = self.wait(self.start(epoch, sent, samples))
         return self.judge(epoch, sent, samples, outcome, time.monotonic() - start)
 
@@ -288,7 +309,17 @@ class Rounds:
         seconds = time.monotonic() - start
         if isinstance(outcome, BaseException):
             self._counters["failed"] += 1
-            return epoch, RoundInfo(epoch, "failed", 1, 0, seconds, str(outcome))
-        self._counters["averaged"] += 1
-        return epoch, RoundInfo(epoch, "averaged", len(outcome.group.members), 0, seconds)
+            info = RoundInfo(epoch, "failed", 1, 0, seconds, str(outcome))
+        else:
+            self._counters["averaged"] += 1
+            info = RoundInfo(epoch, "averaged", len(outcome.group.members), 0, seconds,
+                             contributors=_contributors(outcome))
+        self.history.append(info)
+        return epoch, info
 
+
+def _contributors(outcome: AllReduceResult) -> tuple[str, ...]:
+    """The group's members less those this peer's reducer excluded, as base58 ids."""
+    excluded = set(outcome.excluded)
+    return tuple(member.peer_id.to_base58() for i, member in enumerate(outcome.group.members)
+                 if i not in excluded)

@@ -4,7 +4,9 @@ p2pdl.Node peers on loopback, one training thread each (p2pdl.testing's attacker
 
 What must hold for the honest peers: they end bit-identical to each other, at the
 epoch they trained to, with a held-out loss within a stated bound of a run without
-attackers, and the attackers are in their flag books.
+attackers, and the attackers are in their flag books.  And every attacker's attack
+reached them (``SwarmOutcome.attack_rounds``): a run whose attacker never took part
+is a failure, not a pass.
 """
 
 from __future__ import annotations
@@ -85,6 +87,15 @@ def check_honest_peers(outcome: Outcome, reference: Outcome | None = None,
         assert loss <= ref_loss * bound, (loss, ref_loss, outcome.stats)
 
 
+def check_attacks_mounted(outcome: Outcome) -> None:
+    """Every attacker's attack reached the honest peers (``attack_rounds``): a scenario
+    whose attacker never took part tested nothing about it."""
+    assert outcome.attackers()
+    assert not outcome.unmounted(), (
+        {f"{outcome.roles[i]}#{i}": outcome.attack_rounds(i) for i in outcome.attackers()},
+        outcome.epochs, [outcome.stats[i] for i in outcome.attackers()])
+
+
 def check_inflater_capped(outcome: Outcome) -> None:
     inflater = outcome.of("inflater")
     assert outcome.stats[inflater]["inflated_steps"] >= 1
@@ -116,6 +127,7 @@ def test_a_scaling_member_under_centered_clip_is_banned_and_the_honest_peers_hol
     outcome = train_swarm(task, ["honest", "honest", "honest", "scaler"], run_id,
                           epochs=EPOCHS, make_optimizer=make)
     check_honest_peers(outcome, honest_run, ATTACK_BOUND)
+    check_attacks_mounted(outcome)
     scaler = outcome.of("scaler")
     assert outcome.flags_on(scaler).get("outlier_values", 0) >= 1, outcome.flags
     banned_by = [i for i in outcome.honest() if outcome.peer_ids[scaler] in outcome.bans[i]]
@@ -137,6 +149,7 @@ def check_liar_flagged(outcome: Outcome) -> None:
 def test_two_honest_peers_hold_against_an_inflater_and_a_liar(task, honest_run):
     outcome = run_scenario(task, ["honest", "honest", "inflater", "liar"], "mixed")
     check_honest_peers(outcome, honest_run, ATTACK_BOUND)
+    check_attacks_mounted(outcome)
     check_inflater_capped(outcome)
     check_liar_flagged(outcome)
 
@@ -146,6 +159,7 @@ def test_a_late_joiner_takes_the_honest_state_not_the_liars(task, honest_run):
     a poisoned state at epoch 10**6: the joiner downloads the honest peers' state."""
     outcome = run_scenario(task, ["honest", "honest", "late", "liar"], "liar-late")
     check_honest_peers(outcome, honest_run)
+    check_attacks_mounted(outcome)
     check_liar_flagged(outcome)
     late = outcome.of("late")
     assert outcome.stats[late]["state_syncs"] >= 1, outcome.stats[late]
@@ -166,6 +180,7 @@ def test_members_of_a_certificate_run_end_bit_identical(task):
 def test_three_honest_peers_and_an_inflater(task, honest_run):
     outcome = run_scenario(task, ["honest"] * 3 + ["inflater"], "inflater")
     check_honest_peers(outcome, honest_run, ATTACK_BOUND)
+    check_attacks_mounted(outcome)
     check_inflater_capped(outcome)
 
 
@@ -174,6 +189,7 @@ def test_a_liar_from_the_first_step(task, honest_run):
     """The liar claims epoch 10**6 before the honest peers have heard of each other."""
     outcome = run_scenario(task, ["honest"] * 3 + ["liar0"], "liar0")
     check_honest_peers(outcome, honest_run)
+    check_attacks_mounted(outcome)
     check_liar_flagged(outcome)
 
 
@@ -182,5 +198,6 @@ def test_an_inflater_and_a_liar_admitted_to_a_certificate_run(task, honest_run):
     outcome = run_scenario(task, ["honest", "honest", "inflater", "liar"], "closed-mixed",
                            certificates=True)
     check_honest_peers(outcome, honest_run, ATTACK_BOUND)
+    check_attacks_mounted(outcome)
     check_inflater_capped(outcome)
     check_liar_flagged(outcome)
