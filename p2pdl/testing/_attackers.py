@@ -249,6 +249,9 @@ def flagged(node: Any, run_id: str | None = None) -> dict[str, dict[str, int]]:
     return node.flags.flagged(run_id)
 
 
+#: Seconds :func:`train_swarm` waits, at most, for its peers to see each other before training.
+JOIN_BARRIER = 30.0
+
 #: The roles :func:`train_swarm` knows.
 ROLES = ("honest", "late", "inflater", "scaler", "liar", "liar0")
 
@@ -381,7 +384,10 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
     (:class:`WeightInflater`); ``scaler`` (:class:`GradientScaler`, -100);
     ``liar`` (:class:`EpochLiar`, lying from epoch
     1, once the swarm has stepped together) and ``liar0`` (lying from its
-    first step).  The attackers train until the honest peers are done.  Each
+    first step).  Training starts once every peer (but ``late``) counts all the
+    others in its progress view (at most :data:`JOIN_BARRIER` seconds), so
+    that nobody starts the swarm's epochs before an attacker has joined.
+    The attackers train until the honest peers are done.  Each
     peer draws batches ``task.batches(i)``.  AssertionError if the honest peers
     do not get there within ``seconds``.
     """
@@ -410,6 +416,14 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
         for i, role in enumerate(roles):
             if role != "late":
                 start(i)
+        # Everyone (but the late joiner) trains from the moment all of them see each
+        # other: a peer whose optimizer came up last would otherwise find the swarm
+        # epochs ahead, and an attacker could miss every round (nothing tested).
+        first = [i for i, role in enumerate(roles) if role != "late"]
+        wait_until = time.monotonic() + min(JOIN_BARRIER, seconds)
+        while time.monotonic() < wait_until and any(
+                opts[i].global_progress().num_peers < len(first) for i in first):
+            time.sleep(0.05)
         done = threading.Event()
         remaining = [len(honest)]
         lock = threading.Lock()
