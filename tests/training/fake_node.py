@@ -15,6 +15,7 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
 from p2pdl.errors import CallTimeoutError, StateSyncError
@@ -35,12 +36,20 @@ def report(peer: bytes, epoch: int, *, client_mode: bool = False,
                       time=time.time(), client_mode=client_mode, auxiliary=auxiliary)
 
 
-def averaged(tensors: list[Any], members: int = 2, incomplete: tuple[int, ...] = ()
-             ) -> SimpleNamespace:
-    """What an all-reduce returns: ``tensors``, with the parts in ``incomplete`` not done."""
+def group(members: int = 2) -> SimpleNamespace:
+    """A group of ``members`` made-up peers, as an all-reduce result holds it."""
+    return SimpleNamespace(members=tuple(
+        SimpleNamespace(peer_id=ID.from_pubkey(create_new_key_pair().public_key))
+        for _ in range(members)))
+
+
+def averaged(tensors: list[Any], members: int = 2, incomplete: tuple[int, ...] = (),
+             excluded: tuple[int, ...] = ()) -> SimpleNamespace:
+    """What an all-reduce returns: ``tensors``, with the parts in ``incomplete`` not done
+    and the members in ``excluded`` left out by this peer's reducer."""
     parts = [SimpleNamespace(completed=i not in incomplete) for i in range(3)]
     return SimpleNamespace(completed=not incomplete, tensors=tensors, parts=parts,
-                           group=SimpleNamespace(members=tuple(range(members))))
+                           group=group(members), excluded=excluded)
 
 
 @dataclasses.dataclass

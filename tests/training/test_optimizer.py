@@ -28,7 +28,7 @@ from p2pdl.training import (
     PendingRound,
 )
 
-from .fake_node import FakeNode
+from .fake_node import FakeNode, group
 from .fake_node import progress as fake_progress
 
 pytestmark = pytest.mark.timeout(180)
@@ -368,7 +368,7 @@ def test_a_delayed_result_applied_in_a_step_keeps_that_steps_gradients():
                        target_batch_size=1000, delay_updates=True) as opt:
             done: concurrent.futures.Future = concurrent.futures.Future()
             done.set_result(SimpleNamespace(completed=True, tensors=[torch.full((1, 4), 2.0)],
-                                            group=SimpleNamespace(members=(1, 2))))
+                                            group=group(2), excluded=()))
             grouped = threading.Event()
             grouped.set()
             opt.rounds.pending = PendingRound(done, 0, [torch.zeros(1, 4)], 5, time.monotonic(),
@@ -499,7 +499,7 @@ def test_a_delayed_round_is_announced_once_its_group_formed_and_applied_a_step_l
     call["on_group"](object())
     opt.rounds.pending.future.set_result(SimpleNamespace(
         completed=True, tensors=[torch.tensor([[2.0, 2.0]])],
-        group=SimpleNamespace(members=(1, 2))))
+        group=group(2), excluded=()))
     node.tracker.view = [fake_progress(1)]
     model.weight.grad = torch.tensor([[1.0, 1.0]])
     assert opt.step()

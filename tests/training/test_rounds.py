@@ -59,6 +59,17 @@ def test_judging_an_averaged_a_partial_and_a_failed_round():
     assert failed.info.outcome == "failed" and failed.averaged is None
     assert failed.info.group_size == 1 and failed.info.error == "nobody came"
     assert r.statistics() == {"rounds": 0, "averaged": 1, "partial": 1, "alone": 0, "failed": 1}
+    # the history: every judged round, with the members whose values this peer's part took
+    assert [i.epoch for i in r.history] == [1, 2, 3]
+    assert len(r.history[0].contributors) == 3 and r.history[2].contributors == ()
+
+
+def test_contributors_leave_out_the_members_this_peers_reducer_excluded():
+    r = rounds()
+    result = averaged([torch.ones(2)], members=3, excluded=(1,))
+    ids = [m.peer_id.to_base58() for m in result.group.members]
+    info = r.judge(4, [torch.ones(2)], 8, result, 0.1).info
+    assert info.contributors == (ids[0], ids[2])
 
 
 def test_run_waits_for_the_round_and_alone_takes_its_own_values():
