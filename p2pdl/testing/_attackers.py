@@ -310,18 +310,16 @@ class SwarmOutcome:
     def attack_rounds(self, index: int) -> list[int]:
         """The epochs in which attacker ``index``'s attack reached the honest peers.
 
-        An inflater: the rounds with an honest peer whose weight it inflated
-        (its ``inflated_epochs``); a scaler: every round with an honest peer
-        (it scales every gradient it sends); a liar, whose attack is its
-        reports and its offered state rather than values in a round: the
-        epochs it claimed, once the honest peers heard the claim (they
-        flagged it ``epoch_ahead``).  Empty: the attack was never mounted.
+        An inflater or a scaler: every round in which an honest peer took its
+        values (both send corrupted gradients every round: flipped, or scaled;
+        the inflater also inflates its weight in its ``inflated_epochs``); a
+        liar, whose attack is its reports and its offered state rather than
+        values in a round: the epochs it claimed, once the honest peers heard
+        the claim (they flagged it ``epoch_ahead``).  Empty: the attack was
+        never mounted.
         """
         role, stats = self.roles[index], self.stats[index]
-        if role == "inflater":
-            inflated = set(stats.get("inflated_epochs", ()))
-            return [e for e in self.rounds_with(index) if e in inflated]
-        if role == "scaler":
+        if role in ("inflater", "scaler"):
             return self.rounds_with(index)
         if role in ("liar", "liar0"):
             heard = self.flags_on(index).get("epoch_ahead", 0) > 0

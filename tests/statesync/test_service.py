@@ -336,9 +336,21 @@ async def test_a_donor_moving_on_makes_the_fetcher_read_manifests_again():
         assert donor.state_sync.statistics()["snapshots_dropped"] == 1
 
 
-async def test_busy_donors_are_retried_later():
+async def test_busy_donors_are_retried_later(monkeypatch):
     config = dataclasses.replace(SMALL, max_concurrent_uploads=1, max_chunks_per_donor=4,
                                  busy_backoff=0.01)
+    # Slow links: a chunk reply takes a moment to be written, so a fetcher's next
+    # requests arrive while it is in flight (on loopback that is a race otherwise).
+    from p2pdl.wire._stream import FramedStream
+
+    write = FramedStream._write
+
+    async def slow_write(self, frame):
+        if len(frame) > 32 * KiB:
+            await trio.sleep(0.02)
+        await write(self, frame)
+
+    monkeypatch.setattr(FramedStream, "_write", slow_write)
     async with open_swarm(2, config) as (fetcher, donors, _):
         for donor in donors:
             donor.state_sync.share(RUN, 1, PAYLOAD)
