@@ -124,6 +124,7 @@ class Optimizer:
         self.scheduler = scheduler
         self._samples = 0
         self._local_steps = 0
+        self._stale_batches = 0   # batches dropped: computed before a state download
         self._closed = False
         self.last_round: RoundInfo | None = None
         self.strategy: Strategy = make_strategy(config, optimizer, self._params)
@@ -166,9 +167,12 @@ class Optimizer:
         return list(self.rounds.history)
 
     def statistics(self) -> dict[str, Any]:
-        """Counters: rounds by outcome, state syncs, checkpoints, and the epoch."""
+        """Counters: rounds by outcome, state syncs, checkpoints, the epoch, and
+        ``stale_batches`` (batches dropped because a state download replaced the
+        parameters they were computed on)."""
         return {"epoch": self.state_keeper.epoch, "local_steps": self._local_steps,
-                "samples_accumulated": self._samples, **self.rounds.statistics(),
+                "samples_accumulated": self._samples, "stale_batches": self._stale_batches,
+                **self.rounds.statistics(),
                 **self.state_keeper.statistics()}
 
     # -- the training loop ---------------------------------------------------------
@@ -185,7 +189,10 @@ class Optimizer:
         took a global step in this call (after averaging, or alone).  It
         blocks while a round runs (matchmaking, then the all-reduce), unless
         ``delay_updates``.  An auxiliary peer's ``step()`` waits for the next
-        round (at most ``ready_timeout``) and helps reduce it.
+        round (at most ``ready_timeout``) and helps reduce it.  A batch whose
+        gradients were computed before this call downloaded the swarm's state
+        (catching up, or a repair) is dropped, not counted: counter
+        ``stale_batches``.
         """
         if self._closed:
             raise NodeClosedError("the optimizer is closed")
@@ -198,11 +205,21 @@ class Optimizer:
         keeper = self.state_keeper
         if not self.rounds.matching():
             progress = self._tracker.global_progress()
+            replaced = False
             if progress.epoch > keeper.epoch:
-                self._catch_up(progress.epoch)
+                replaced = self._catch_up(progress.epoch)
             elif self.rounds.pending is None and keeper.check_due():
                 if keeper.check_consistency(self._tracker):
                     self._took_state()
+                    replaced = True
+            if replaced:
+                # This batch's gradients were computed on the parameters the
+                # download just replaced: averaged with the others' they would
+                # pull the new state back towards the old one.  Drop them.
+                self._stale_batches += 1
+                logger.debug("run %s: dropped a batch computed before a state download",
+                             self.run_id)
+                return False
         self.strategy.on_batch(samples)
         self._samples += samples
         self._local_steps += 1
@@ -302,15 +319,18 @@ class Optimizer:
 
     # -- state from the swarm --------------------------------------------------------
 
-    def _catch_up(self, swarm_epoch: int) -> None:
-        """The swarm is at a newer epoch: download its state (or adopt the epoch)."""
+    def _catch_up(self, swarm_epoch: int) -> bool:
+        """The swarm is at a newer epoch: download its state (or adopt the epoch).
+        True if the parameters were replaced by a download."""
         self.rounds.drop()
         verdict = self.state_keeper.catch_up(self._tracker, swarm_epoch)
         if verdict is CatchUp.SYNCED:
             self._took_state()
-        elif verdict is CatchUp.ADOPT:
+            return True
+        if verdict is CatchUp.ADOPT:
             self._reset_accumulation()
             self._advance(swarm_epoch)
+        return False
 
     def _took_state(self) -> None:
         """The state keeper loaded the swarm's state: train on from it, and offer it."""

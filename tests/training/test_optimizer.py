@@ -30,6 +30,7 @@ from p2pdl.training import (
 
 from .fake_node import FakeNode, group
 from .fake_node import progress as fake_progress
+from .fake_node import report as fake_report
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -478,7 +479,8 @@ def test_a_failed_round_after_which_the_swarm_moved_on_takes_its_state_not_a_loc
 def test_statistics_name_every_counter():
     opt, _ = offline(FakeNode())
     assert list(opt.statistics()) == [
-        "epoch", "local_steps", "samples_accumulated", "rounds", "averaged", "partial", "alone",
+        "epoch", "local_steps", "samples_accumulated", "stale_batches", "rounds", "averaged",
+        "partial", "alone",
         "failed", "state_syncs", "state_sync_failures", "checkpoints", "shared",
         "consistency_checks", "repairs", "unconfirmed_syncs"]
     opt.close()
@@ -565,3 +567,28 @@ def test_sent_momentum_is_refused_where_it_has_no_meaning():
             OptimizerConfig(sent_momentum=bad)
     with pytest.raises(ConfigError):
         OptimizerConfig(sent_momentum=0.9, mode="diloco")
+
+
+def test_a_batch_computed_before_a_state_download_is_dropped():
+    """Catching up replaced the parameters this batch's gradients were computed on: the
+    batch is not averaged (it would pull the swarm's state back), only counted."""
+    source_opt, source_model = offline(FakeNode())
+    with torch.no_grad():
+        source_model.weight.copy_(torch.tensor([[5.0, 6.0]]))
+    source_opt.state_keeper.epoch = 3
+    payload = source_opt.state_keeper.serialized()
+    source_opt.close()
+    node = FakeNode()
+    node.tracker.view = [fake_progress(3)]
+    node.tracker.reports = [fake_report(b"donor-a", 3)]
+    node.state_sync.payloads.append((3, payload))
+    opt, model = offline(node)
+    model.weight.grad = torch.tensor([[1.0, -1.0]])   # computed on the old parameters
+    assert opt.step() is False
+    assert opt.local_epoch == 3 and torch.equal(model.weight, torch.tensor([[5.0, 6.0]]))
+    assert opt.samples_accumulated == 0 and node.tracker.reported == []
+    assert opt.statistics()["stale_batches"] == 1 and opt.statistics()["state_syncs"] == 1
+    model.weight.grad = torch.tensor([[1.0, -1.0]])   # the next batch counts
+    opt.step()
+    assert opt.samples_accumulated == 4 and opt.statistics()["stale_batches"] == 1
+    opt.close()
