@@ -148,18 +148,20 @@ class Paths:
 
     def punch_succeeded(self, peer: ID) -> None:
         """The exchange verified a direct connection to ``peer``."""
-        if peer not in self._hole_punched and any(
-                connection_kind(c) == "direct" for c in self._connections(peer)):
+        if any(connection_kind(c) == "direct" for c in self._connections(peer)):
+            self._mark_punched(peer)
+
+    def _mark_punched(self, peer: ID) -> None:
+        if peer not in self._hole_punched:
             self._hole_punched.add(peer)
             logger.info("hole punch to %s succeeded: direct connection", peer)
 
     def _on_connected(self, conn: INetConn) -> None:
         peer = conn.muxed_conn.peer_id
-        logger.debug("connected to %s (%s)", peer, connection_kind(conn))
-        if connection_kind(conn) == "direct" and peer in self._punching \
-                and peer not in self._hole_punched:
-            self._hole_punched.add(peer)
-            logger.info("hole punch to %s succeeded: direct connection", peer)
+        kind = connection_kind(conn)
+        logger.debug("connected to %s (%s)", peer, kind)
+        if kind == "direct" and peer in self._punching:
+            self._mark_punched(peer)
 
     def _on_disconnected(self, conn: INetConn) -> None:
         peer = conn.muxed_conn.peer_id

@@ -369,31 +369,27 @@ class FramedStream:
         # a partial frame's bytes keep coming, and lifted between frames.
         inf, now = float("inf"), trio.current_time
         try:
-            while True:
-                try:
-                    with trio.CancelScope() as scope:
-                        while True:
-                            if decoder.buffered:
-                                if scope.deadline == inf:
-                                    scope.deadline = now() + frame_timeout
-                                elif now() + frame_timeout - scope.deadline \
-                                        > FRAME_DEADLINE_SLACK:
-                                    scope.deadline = now() + frame_timeout
-                            elif scope.deadline != inf:
-                                scope.deadline = inf
-                            data = await read_owned(net, read_size, decoder.wanted,
-                                                    WHOLE_FRAME_PATIENCE)
-                            if not data or self._on_data(data):
-                                break
-                    if scope.cancelled_caught:
-                        raise RemoteProtocolError(
-                            f"a frame was left unfinished: {decoder.buffered} bytes of it, "
-                            f"then nothing for {frame_timeout:.0f} s")
-                except StreamEOF:
-                    data = b""
-                if not data:
-                    decoder.check_complete()
-                    return
+            with trio.CancelScope() as scope:
+                while True:
+                    if not decoder.buffered:
+                        if scope.deadline != inf:   # each change of a deadline costs
+                            scope.deadline = inf
+                    elif scope.deadline == inf \
+                            or now() + frame_timeout - scope.deadline > FRAME_DEADLINE_SLACK:
+                        scope.deadline = now() + frame_timeout
+                    try:
+                        data = await read_owned(net, read_size, decoder.wanted,
+                                                WHOLE_FRAME_PATIENCE)
+                    except StreamEOF:
+                        break
+                    if not data:
+                        break
+                    self._on_data(data)
+            if scope.cancelled_caught:
+                raise RemoteProtocolError(
+                    f"a frame was left unfinished: {decoder.buffered} bytes of it, "
+                    f"then nothing for {frame_timeout:.0f} s")
+            decoder.check_complete()
         except RemoteProtocolError as exc:
             # Whoever owns the stream reports it (the host logs an inbound one once).
             logger.debug("protocol error from %s on %s: %s", self.peer_id, self.protocol, exc)
@@ -408,8 +404,8 @@ class FramedStream:
             self._inbox_lot.unpark_all()
             self._credit_lot.unpark_all()
 
-    def _on_data(self, data: bytes | bytearray) -> bool:
-        """Take bytes read from the muxer (ours: see ``read_owned``); never true."""
+    def _on_data(self, data: bytes | bytearray) -> None:
+        """Take bytes read from the muxer (ours: see ``read_owned``)."""
         self._bytes_received += len(data)
         self._count()[1] += len(data)
         for frame in self._decoder.feed(data, owned=isinstance(data, bytearray)):
@@ -426,7 +422,6 @@ class FramedStream:
                     self._inbox.append(frame)
                     self._inbox_lot.unpark_all()
         self._hold(self._decoder.held + self._window.buffered)
-        return False
 
     async def _credit_loop(self) -> None:
         while True:
