@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import trio
+
+if sys.version_info >= (3, 11):
+    import builtins
+
+    _BaseExceptionGroup = builtins.BaseExceptionGroup
+else:  # trio's dependency on Python 3.10
+    from exceptiongroup import BaseExceptionGroup as _BaseExceptionGroup
 
 
 @asynccontextmanager
@@ -18,6 +26,10 @@ async def open_service_nursery() -> AsyncIterator[trio.Nursery]:
     ``ValueError``, or a :class:`~p2pdl.errors.RemoteProtocolError`, into a
     group.  Here the body's exception cancels the services and then
     propagates unchanged; only a service's own crash is reported as a group.
+    Cancellations, alone or grouped by the body's own nurseries, are left to
+    trio, which routes each to its cancel scope: kept as the body's error they
+    would cancel whatever encloses this nursery (a killed in-memory host
+    would end its whole swarm's block, quietly).
     """
     body_error: BaseException | None = None
     async with trio.open_nursery() as nursery:
@@ -25,6 +37,11 @@ async def open_service_nursery() -> AsyncIterator[trio.Nursery]:
             yield nursery
         except trio.Cancelled:
             raise  # belongs to a cancel scope; trio routes it there
+        except _BaseExceptionGroup as group:
+            if group.split(trio.Cancelled)[1] is None:
+                raise  # only cancellations (of the body's own nurseries): routed as above
+            body_error = group
+            nursery.cancel_scope.cancel()
         except BaseException as exc:
             body_error = exc
             nursery.cancel_scope.cancel()

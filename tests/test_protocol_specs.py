@@ -352,7 +352,7 @@ def test_allreduce_definitions_match_the_code():
         assert number(rows[name]) == getattr(ar_config, name), name
     assert number(rows["LAYOUT_VERSION"]) == ar_state.LAYOUT_VERSION
     assert number(rows["MIN_CAPPED_CONTRIBUTORS"]) == ar_state.MIN_CAPPED_CONTRIBUTORS
-    for name in ("DONE_LINGER", "MAX_RECENT_GROUPS"):
+    for name in ("DONE_LINGER", "MAX_RECENT_GROUPS", "LIVENESS_POLL"):
         assert number(rows[name]) == getattr(ar_service, name), name
     defaults = AllReduceConfig()
     for field in dataclasses.fields(AllReduceConfig):

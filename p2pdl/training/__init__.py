@@ -8,6 +8,8 @@ Modules:
 * ``_strategies`` -- :class:`DeDLOCStrategy`, :class:`DiLoCoStrategy`: what a round averages, how.
 * ``_rounds`` -- :class:`Rounds`: start, wait for, judge rounds; delayed updates; auxiliary help.
 * ``_state_keeping`` -- :class:`StateKeeper`: full state, share, fetch, consistency, checkpoints.
+* ``_merge`` -- merging states the peers at an epoch agree on no majority for
+  (the weighted lower median of every value).
 * ``_checkpoint`` -- atomic checkpoints (temp file, fsync, rename) and resuming.
 * ``_example`` -- the built-in example task: a small transformer language
   model on the documentation text that ships with CPython (no downloads).

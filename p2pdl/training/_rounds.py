@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from ..progress import GlobalProgress
 
 __all__ = ["RoundInfo", "RoundResult", "PendingRound", "Rounds", "AUXILIARY_POLL",
-           "ROUND_HISTORY"]
+           "ROUND_HISTORY", "clear_incomplete"]
 
 logger = logging.getLogger(__name__)
 
@@ -219,8 +219,9 @@ class Rounds:
                                          contributors=contributors), sent, outcome.tensors)
         self._counters["partial"] += 1
         missing = [i for i, part in enumerate(outcome.parts) if not part.completed]
-        logger.warning("run %s epoch %d: parts %s did not complete; they keep local values",
-                       self.run_id, epoch, missing)
+        cleared = clear_incomplete(outcome.tensors, outcome.parts)
+        logger.warning("run %s epoch %d: parts %s did not complete; no update for their %d "
+                       "values", self.run_id, epoch, missing, cleared)
         return RoundResult(RoundInfo(epoch, "partial", size, samples, seconds,
                                      f"parts {missing} incomplete", contributors),
                            sent, outcome.tensors)
@@ -316,6 +317,31 @@ class Rounds:
                              contributors=_contributors(outcome))
         self.history.append(info)
         return epoch, info
+
+
+def clear_incomplete(tensors: Sequence[torch.Tensor], parts: Sequence[Any]) -> int:
+    """Zero the values of every part that did not complete (``parts``: the
+    all-reduce's :class:`~p2pdl.averaging.PartResult`, ranges ``[start, end)``
+    of the tensors flattened in order); the number of values zeroed.
+
+    A part whose reducer died kept each member's own values; zeros instead
+    are the same on every member that lost it, so the update those values
+    would have made is skipped alike everywhere and the states stay equal.
+    """
+    bounds = [0]
+    for t in tensors:
+        bounds.append(bounds[-1] + t.numel())
+    cleared = 0
+    with torch.no_grad():
+        for part in parts:
+            if part.completed or part.end <= part.start:
+                continue
+            for t, lo, hi in zip(tensors, bounds, bounds[1:], strict=False):
+                a, b = max(lo, part.start), min(hi, part.end)
+                if a < b:
+                    t.view(-1)[a - lo:b - lo].zero_()
+                    cleared += b - a
+    return cleared
 
 
 def _contributors(outcome: AllReduceResult) -> tuple[str, ...]:

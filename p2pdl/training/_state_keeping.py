@@ -10,11 +10,14 @@ the state in or out of this peer:
 
 * offer it to joiners after each global step (``node.state_sync.share``);
 * download the one the donors agree on when this peer is behind (catch-up),
-  up to the progress quorum's epoch + 1, or adopt the epoch when that keeps
-  failing;
+  up to the progress quorum's epoch + 1; it never trains on at the swarm's
+  epoch with parameters of its own (unless ``state_sync=False``);
 * after a failed or partial round, compare digests with the peers at the
   same epoch (``node.state_sync.offers``) and download the agreed one if
   this peer's differs (the consistency check);
+* when the peers at an epoch agree on no state, download every state they
+  offer and merge them (``_merge``): every peer that does so from the same
+  offers ends with the same state, joiners included;
 * write checkpoints every N epochs and resume from the newest
   (``_checkpoint``).
 
@@ -38,19 +41,20 @@ from libp2p.peer.id import ID
 from ..errors import CallTimeoutError, CheckpointError, ConfigError, StateSyncError
 from ..statesync import vote_on_state
 from ._checkpoint import CheckpointPolicy, latest_checkpoint, load_checkpoint, save_checkpoint
+from ._merge import merge_states
 from ._node_api import TrainingNode, TrainingTracker
 from ._strategies import Strategy, check_like
 from .config import OptimizerConfig
 
-__all__ = ["StateKeeper", "CatchUp", "STATE_FORMAT", "MAX_SYNC_FAILURES", "CHECK_RETRY",
-           "MAX_CHECKS"]
+__all__ = ["StateKeeper", "CatchUp", "STATE_FORMAT", "CHECK_RETRY", "MAX_CHECKS",
+           "MAX_MERGED_STATES"]
 
 logger = logging.getLogger(__name__)
 
 #: Version of the state dictionary shared with joiners and written to checkpoints.
 STATE_FORMAT = 1
-#: Failed state downloads in a row after which a peer that is behind adopts the epoch.
-MAX_SYNC_FAILURES = 3
+#: The most distinct states a merge downloads (those offered by the most peers).
+MAX_MERGED_STATES = 8
 #: Seconds between consistency checks while the others have not shared the epoch yet.
 CHECK_RETRY = 0.2
 #: Consistency checks after which a peer stops looking for the others' state of its epoch.
@@ -64,7 +68,7 @@ class CatchUp(enum.Enum):
 
     #: The swarm's state was downloaded and loaded.
     SYNCED = "synced"
-    #: Take the swarm's epoch with this peer's own parameters.
+    #: Take the swarm's epoch with this peer's own parameters (``state_sync=False`` only).
     ADOPT = "adopt"
     #: Nothing yet: the last download failed a moment ago.
     WAIT = "wait"
@@ -104,11 +108,11 @@ class StateKeeper:
         self._last_checkpoint: int | None = None
         self._counters = {"state_syncs": 0, "state_sync_failures": 0, "checkpoints": 0,
                           "shared": 0, "consistency_checks": 0, "repairs": 0,
-                          "unconfirmed_syncs": 0}
+                          "unconfirmed_syncs": 0, "merges": 0}
 
     def statistics(self) -> dict[str, int]:
         """State syncs (and failures, and those from a lone donor), checkpoints, shares,
-        consistency checks, repairs."""
+        consistency checks, repairs, merges of states nobody agreed on."""
         return dict(self._counters)
 
     # -- the full state -----------------------------------------------------------------
@@ -149,6 +153,7 @@ class StateKeeper:
                 p.copy_(value)
         self.strategy.load_extra_state(extra)
         self.epoch = epoch
+        self._shared_digest = None   # the digest of the state shared before, not this one
 
     def serialized(self) -> bytes:
         """The full state as ``torch.save`` writes it."""
@@ -248,25 +253,115 @@ class StateKeeper:
 
     def catch_up(self, tracker: TrainingTracker, swarm_epoch: int) -> CatchUp:
         """The swarm is at ``swarm_epoch``, past this peer: download its state, or say
-        to adopt the epoch (``state_sync=False``, or after :data:`MAX_SYNC_FAILURES`
-        failed downloads), or to wait (``sync_retry`` between attempts)."""
+        to adopt the epoch (``state_sync=False`` only), or to wait (``sync_retry``
+        between attempts).
+
+        When the download fails because the donors at an epoch agree on no
+        state, this peer merges their states as they do (:meth:`merge_offered`).
+        It never takes the swarm's epoch with parameters of its own: trained
+        on, they would be a state nobody else holds.
+        """
         if not self.config.state_sync:
             logger.info("run %s: behind (epoch %d < %d); adopting the epoch", self.run_id,
                         self.epoch, swarm_epoch)
             return CatchUp.ADOPT
         if time.monotonic() < self._next_sync:
             return CatchUp.WAIT
-        if self.download(tracker, min_epoch=swarm_epoch):
+        if self.download(tracker, min_epoch=swarm_epoch) \
+                or self._merge_split(tracker, swarm_epoch):
             self._sync_failures = 0
             return CatchUp.SYNCED
         self._sync_failures += 1
         self._next_sync = time.monotonic() + self.config.sync_retry
-        if self._sync_failures < MAX_SYNC_FAILURES:
-            return CatchUp.WAIT
-        logger.warning("run %s: no state after %d attempts; adopting epoch %d with this "
-                       "peer's own parameters", self.run_id, self._sync_failures, swarm_epoch)
-        self._sync_failures = 0
-        return CatchUp.ADOPT
+        logger.info("run %s: behind (epoch %d < %d), no state after %d attempt(s); "
+                    "trying again in %.1f s", self.run_id, self.epoch, swarm_epoch,
+                    self._sync_failures, self.config.sync_retry)
+        return CatchUp.WAIT
+
+    def _merge_split(self, tracker: TrainingTracker, min_epoch: int) -> bool:
+        """A joiner's fallback: when the donors at the newest epoch from ``min_epoch``
+        on (at most the quorum's + 1) offer several states and none has a
+        majority, merge them as the peers there do; True if a state was loaded."""
+        donors = [r.peer_id for r in tracker.peers()
+                  if r.epoch >= min_epoch and not r.client_mode and not r.auxiliary]
+        if len(donors) < 2:
+            return False
+        progress = tracker.global_progress()
+        max_epoch = max(min_epoch, getattr(progress, "quorum_epoch", progress.epoch) + 1)
+        offers = self.node.state_sync.offers(self.run_id, [ID(d) for d in donors])
+        epochs = sorted({e for e, _ in offers.values() if min_epoch <= e <= max_epoch},
+                        reverse=True)
+        for epoch in epochs:
+            at = {p: d for p, (e, d) in offers.items() if e == epoch}
+            if len(at) < 2:
+                continue
+            if vote_on_state({p: (epoch, d) for p, d in at.items()},
+                             min_epoch=epoch, max_epoch=epoch).won:
+                return False   # they agree: the download failed for another reason
+            return self.merge_offered(epoch, at, mine=None)
+        return False
+
+    def merge_offered(self, epoch: int, offers: dict[ID, bytes], mine: bytes | None) -> bool:
+        """Merge the states the peers at ``epoch`` offer (``{peer: digest}``; ``mine``:
+        this peer's own digest, counted as one more holder, or None) and load
+        the result; True if loaded.
+
+        Each distinct state (at most :data:`MAX_MERGED_STATES`: those with the
+        most holders, then the smallest digests) is downloaded from its
+        holders and weighted by their number; :func:`~p2pdl.training._merge.merge_states`
+        takes the weighted lower median of every floating value.  Any
+        download or check that fails cancels the merge: a merge of fewer
+        states would not be the one the others compute.  The merged state is
+        not offered before the next global step: this peer keeps offering the
+        state it held, so that every peer that checks sees the same offers and
+        computes the same merge; after that step, it is checked again.
+        """
+        holders: dict[bytes, list[Any]] = {}
+        for peer, digest in offers.items():
+            holders.setdefault(digest, []).append(peer)
+        if mine is not None:
+            holders.setdefault(mine, []).append(_THIS_PEER)
+        chosen = sorted(holders, key=lambda d: (-len(holders[d]), d))[:MAX_MERGED_STATES]
+        chosen.sort()
+        states, weights = [], []
+        try:
+            for digest in chosen:
+                if digest == mine:
+                    states.append(self.full_state())
+                else:
+                    states.append(self._fetch_exact(epoch, digest,
+                                                    [p for p in holders[digest]
+                                                     if p is not _THIS_PEER]))
+                weights.append(float(len(holders[digest])))
+            merged = merge_states(states, weights)
+            self.load(merged)
+        except Exception as exc:  # a download, a state or the merge failed
+            self._counters["state_sync_failures"] += 1
+            logger.warning("run %s epoch %d: merging the %d states the peers hold failed: %s",
+                           self.run_id, epoch, len(chosen), exc)
+            return False
+        self._counters["merges"] += 1
+        self.suspect = False
+        self.unconfirmed = True   # offered after the next step, and checked again then
+        logger.warning("run %s epoch %d: the peers agree on no state; merged the %d states "
+                       "of %d peer(s) (weighted median of every value)", self.run_id, epoch,
+                       len(chosen), sum(len(holders[d]) for d in chosen))
+        return True
+
+    def _fetch_exact(self, epoch: int, digest: bytes, donors: list[ID]) -> dict[str, Any]:
+        """The state of ``digest`` at ``epoch`` from ``donors``, checked (StateSyncError,
+        ConfigError)."""
+        download = self.node.state_sync.fetch(self.run_id, donors, min_epoch=epoch,
+                                              digest=digest, timeout=self.config.sync_timeout)
+        if hashlib.sha256(download.payload).digest() != digest:
+            raise StateSyncError("a downloaded state does not match its digest")
+        state = torch.load(io.BytesIO(download.payload), map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or state.get("epoch") != epoch \
+                or state.get("format") != STATE_FORMAT or state.get("mode") != self.config.mode:
+            raise ConfigError(f"a state offered for epoch {epoch} is not one of it")
+        check_like(state.get("params"), self.params, "parameters")
+        self.strategy.check_extra_state(state.get("diloco"))
+        return state
 
     # -- the consistency check ----------------------------------------------------------
 
@@ -284,10 +379,12 @@ class StateKeeper:
         Every peer at this epoch that serves state says its state's digest
         (``node.state_sync.offers``).  They and this peer vote
         (``p2pdl.statesync.vote_on_state``): the digest that at least two
-        hold, and more than half, wins; with none, this peer keeps its own
-        (a liar cannot win a split by grinding a small digest).  With only
-        one other peer, one against one, the smaller digest wins, so that
-        both pick the same.  A peer that holds another state downloads the
+        hold, and more than half, wins.  With none (no tie rule: a liar could
+        win a split by grinding a small digest), this peer merges the offered
+        states (:meth:`merge_offered`), as every peer that checks from the
+        same offers does; a merge that fails is tried again.  With only one
+        other peer, one against one, the smaller digest wins, so that both
+        pick the same.  A peer that holds another state downloads the
         winner.  While no peer offers this epoch, it asks again after
         :data:`CHECK_RETRY` s, and gives up after :data:`MAX_CHECKS` tries.
         """
@@ -308,7 +405,7 @@ class StateKeeper:
                 self.suspect, self._checks = False, 0
             return False   # the others have not shared this epoch yet: ask again soon
         self._counters["consistency_checks"] += 1
-        self.suspect, self._checks = False, 0
+        checks, self.suspect, self._checks = self._checks, False, 0
         mine = self.digest()
         if len(same) == 1:
             # One other peer: one against one, the smallest digest wins, so that
@@ -323,8 +420,12 @@ class StateKeeper:
                                  min_epoch=self.epoch, max_epoch=self.epoch)
             if not vote.won:
                 logger.warning("run %s epoch %d: consistency check: the %d peers at this "
-                               "epoch agree on no state (%s); this peer keeps its own",
-                               self.run_id, self.epoch, len(same) + 1, vote.reason)
+                               "epoch agree on no state (%s); merging them", self.run_id,
+                               self.epoch, len(same) + 1, vote.reason)
+                if self.merge_offered(self.epoch, same, mine):
+                    return True
+                # Try again soon (the offers may have changed), MAX_CHECKS times at most.
+                self.suspect, self._checks = not give_up, 0 if give_up else checks
                 return False
             winner = cast(bytes, vote.digest)
             holders = [p for p in vote.holders if p is not _THIS_PEER]

@@ -46,8 +46,13 @@ def group(members: int = 2) -> SimpleNamespace:
 def averaged(tensors: list[Any], members: int = 2, incomplete: tuple[int, ...] = (),
              excluded: tuple[int, ...] = ()) -> SimpleNamespace:
     """What an all-reduce returns: ``tensors``, with the parts in ``incomplete`` not done
-    and the members in ``excluded`` left out by this peer's reducer."""
-    parts = [SimpleNamespace(completed=i not in incomplete) for i in range(3)]
+    and the members in ``excluded`` left out by this peer's reducer.  The three
+    parts cut the tensors' values (flattened in order) into thirds."""
+    numel = sum(t.numel() for t in tensors) if all(hasattr(t, "numel") for t in tensors) \
+        else 0
+    cuts = [0, numel // 3, 2 * numel // 3, numel]
+    parts = [SimpleNamespace(completed=i not in incomplete, start=cuts[i], end=cuts[i + 1])
+             for i in range(3)]
     return SimpleNamespace(completed=not incomplete, tensors=tensors, parts=parts,
                            group=group(members), excluded=excluded)
 
@@ -127,6 +132,8 @@ class FakeStateSync:
     lone_unconfirmed: bool = False
     fetched: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     unshared: list[str] = dataclasses.field(default_factory=list)
+    #: what a ``fetch`` of one digest downloads: digest -> (epoch, payload); before ``payloads``
+    by_digest: dict[bytes, tuple[int, bytes]] = dataclasses.field(default_factory=dict)
 
     def share(self, run_id: str, epoch: int, payload: bytes) -> None:
         self.shared.append((run_id, epoch, payload))
@@ -139,9 +146,12 @@ class FakeStateSync:
               digest: bytes | None = None) -> Any:
         self.fetched.append({"donors": list(donors), "min_epoch": min_epoch,
                              "max_epoch": max_epoch, "timeout": timeout, "digest": digest})
-        if not self.payloads:
+        if digest is not None and digest in self.by_digest:
+            payload: Any = self.by_digest[digest]
+        elif not self.payloads:
             raise StateSyncError("no donor answered")
-        payload = self.payloads.pop(0)
+        else:
+            payload = self.payloads.pop(0)
         if isinstance(payload, BaseException):
             raise payload
         epoch, data = payload

@@ -482,7 +482,7 @@ def test_statistics_name_every_counter():
         "epoch", "local_steps", "samples_accumulated", "stale_batches", "rounds", "averaged",
         "partial", "alone",
         "failed", "state_syncs", "state_sync_failures", "checkpoints", "shared",
-        "consistency_checks", "repairs", "unconfirmed_syncs"]
+        "consistency_checks", "repairs", "unconfirmed_syncs", "merges"]
     opt.close()
 
 

@@ -11,6 +11,7 @@ import torch
 from p2pdl.averaging import AllReduceConfig
 from p2pdl.errors import CallTimeoutError, MatchmakingFailedError
 from p2pdl.training import OptimizerConfig, Rounds
+from p2pdl.training._rounds import clear_incomplete
 
 from .fake_node import FakeNode, FakeTracker, averaged, progress
 
@@ -62,6 +63,26 @@ def test_judging_an_averaged_a_partial_and_a_failed_round():
     # the history: every judged round, with the members whose values this peer's part took
     assert [i.epoch for i in r.history] == [1, 2, 3]
     assert len(r.history[0].contributors) == 3 and r.history[2].contributors == ()
+
+
+def test_a_part_that_did_not_complete_is_no_update_on_every_member():
+    """A part whose reducer died kept each member's own values: they would differ
+    from member to member.  Zeros are the same everywhere: no update for them."""
+    r = rounds()
+    # 9 values over two tensors; the parts are values [0, 3), [3, 6), [6, 9)
+    a, b = torch.arange(1.0, 5.0), torch.arange(5.0, 10.0).view(5, 1)
+    partial = r.judge(2, [a, b], 8, averaged([a, b], incomplete=(1,)), 0.5)
+    assert partial.info.outcome == "partial"
+    assert a.tolist() == [1.0, 2.0, 3.0, 0.0] and b.flatten().tolist() == [0, 0, 7, 8, 9]
+    # another member that lost the same part ends with the same zeros there
+    other = [torch.arange(11.0, 15.0), torch.arange(15.0, 20.0).view(5, 1)]
+    r.judge(2, other, 8, averaged(other, incomplete=(1,)), 0.5)
+    assert other[0][3] == 0 and bool((other[1][:2] == 0).all())
+    # a complete round changes nothing; several parts clear all of theirs
+    whole = [torch.ones(9)]
+    assert clear_incomplete(whole, averaged(whole).parts) == 0 and whole[0].sum() == 9
+    assert clear_incomplete(whole, averaged(whole, incomplete=(0, 2)).parts) == 6
+    assert whole[0].tolist() == [0, 0, 0, 1, 1, 1, 0, 0, 0]
 
 
 def test_contributors_leave_out_the_members_this_peers_reducer_excluded():

@@ -16,7 +16,7 @@ from libp2p.peer.id import ID
 import p2pdl
 from p2pdl.errors import ConfigError
 from p2pdl.training import CatchUp, OptimizerConfig, StateKeeper
-from p2pdl.training._state_keeping import MAX_CHECKS, MAX_SYNC_FAILURES
+from p2pdl.training._state_keeping import MAX_CHECKS
 from p2pdl.training._strategies import make_strategy
 
 from .fake_node import FakeNode, FakeTracker, report
@@ -221,25 +221,27 @@ def test_a_lying_donor_serving_poison_loses_to_two_honest_ones_over_real_nodes(l
         assert flags.count(liar.peer_id) == 1
 
 
-def test_catching_up_waits_between_failures_then_adopts_the_epoch():
+def test_catching_up_waits_between_failures_and_never_adopts_the_epoch():
+    """A joiner whose downloads fail keeps trying: trained on at the swarm's epoch,
+    its own parameters would be a state nobody else holds."""
     node = FakeNode()
     k, _ = keeper(node, sync_retry=0.01)
     tracker = FakeTracker(reports=[report(PEER_A, 5)])
     verdicts = []
-    for _ in range(MAX_SYNC_FAILURES):
+    for _ in range(6):
         verdicts.append(k.catch_up(tracker, 5))
         verdicts.append(k.catch_up(tracker, 5))   # too soon: no new attempt
         time.sleep(0.02)
-    assert verdicts == [CatchUp.WAIT] * (2 * MAX_SYNC_FAILURES - 2) + [CatchUp.ADOPT,
-                                                                        CatchUp.WAIT]
-    assert len(node.state_sync.fetched) == MAX_SYNC_FAILURES
-    assert k.statistics()["state_sync_failures"] == MAX_SYNC_FAILURES
-    assert k.epoch == 0   # adopting is the optimizer's: it resets and advances
+    assert verdicts == [CatchUp.WAIT] * 12
+    assert len(node.state_sync.fetched) == 6
+    assert k.statistics()["state_sync_failures"] == 6
+    assert k.epoch == 0
     garbage = FakeNode()
     garbage.state_sync.payloads.append((5, b"not a torch file"))
     g, _ = keeper(garbage)
     assert not g.download(tracker, 5)
     assert g.statistics()["state_sync_failures"] == 1
+    # Without state sync there is nothing to wait for: the epoch is adopted.
     assert keeper(state_sync=False)[0].catch_up(tracker, 5) is CatchUp.ADOPT
     assert not k.download(FakeTracker(), 5)   # nobody to ask
 
@@ -276,24 +278,87 @@ def test_a_tie_goes_to_the_smallest_digest():
         assert k.statistics()["state_sync_failures"] == downloads   # the fake has no payload
 
 
-def test_the_consistency_check_keeps_its_own_state_when_nobody_has_a_majority():
+def split(epoch: int = 3) -> tuple[dict[ID, tuple[int, bytes]], dict[bytes, tuple[int, bytes]],
+                                   list[StateKeeper]]:
+    """Three peers at ``epoch`` in three states (weights 2, 3 and a liar's 1e6): their
+    offers and payloads, and the keepers."""
+    keepers = []
+    for weight in (2.0, 3.0, 1e6):
+        k, model = keeper(weight=weight)
+        trained(k, model, epoch)
+        keepers.append(k)
+    offered = {ID(peer): (epoch, k.digest())
+               for peer, k in zip((PEER_A, PEER_B, PEER_C), keepers, strict=True)}
+    payloads = {k.digest(): (epoch, k.serialized()) for k in keepers}
+    return offered, payloads, keepers
+
+
+def test_peers_that_agree_on_no_state_merge_them_alike_and_a_liar_is_outvoted():
+    offered, payloads, (a, b, liar) = split()
+    reports = [report(PEER_A, 3), report(PEER_B, 3), report(PEER_C, 3)]
+    digests = {}
+    for me, peer in ((a, PEER_A), (b, PEER_B)):
+        node = FakeNode()
+        node.state_sync.by_digest = dict(payloads)
+        node.state_sync.offered = {p: o for p, o in offered.items() if p != ID(peer)}
+        me.node = node
+        me.mark_suspect()
+        assert me.check_consistency(FakeTracker(reports=reports))
+        assert me.statistics()["merges"] == 1 and not me.suspect and me.epoch == 3
+        # the two other states were downloaded, each from its holder, by digest
+        assert len(node.state_sync.fetched) == 2
+        # the merged state is not offered before the next step (the others still
+        # see this peer's old offer, so they compute the same merge)
+        me.share(force=True)
+        assert node.state_sync.shared == []
+        digests[peer] = me.digest()
+    assert digests[PEER_A] == digests[PEER_B]
+    merged = a.params[0]
+    # per value, the median of 2, 3 and the liar's 1e6 (trained alike): the liar's
+    # values are outvoted, and the result is one of the honest peers' values
+    assert torch.equal(merged, b.params[0]) and bool((merged.abs() < 10).all())
+    assert float(liar.params[0].detach().min()) > 1e5
+
+
+def test_a_joiner_facing_donors_that_agree_on_no_state_merges_as_they_do():
+    offered, payloads, (a, _, _) = split()
     node = FakeNode()
-    honest, _ = keeper(weight=2.0)
-    k, mine = keeper(node, weight=3.0)
-    k.mark_suspect()
-    # Three peers, three states: the liar's digest is the smallest of all, which
-    # won such a split by the old tie rule.
-    node.state_sync.offered = {ID(PEER_A): (0, honest.digest()), ID(PEER_B): (0, bytes(32))}
-    assert not k.check_consistency(FakeTracker(reports=[report(PEER_A, 0),
-                                                        report(PEER_B, 0)]))
-    assert node.state_sync.fetched == [] and not k.suspect
-    assert bool((mine.weight == 3.0).all()) and k.statistics()["consistency_checks"] == 1
-    # The same liar against this peer and an honest peer that agree: theirs stays.
-    k2, _ = keeper(node, weight=2.0)
-    k2.mark_suspect()
-    assert not k2.check_consistency(FakeTracker(reports=[report(PEER_A, 0),
-                                                         report(PEER_B, 0)]))
-    assert node.state_sync.fetched == []
+    node.state_sync.by_digest = dict(payloads)
+    node.state_sync.offered = dict(offered)
+    joiner, _ = keeper(node, weight=-7.0)
+    reports = [report(PEER_A, 3), report(PEER_B, 3), report(PEER_C, 3)]
+    # the joiner's vote finds no majority (the fake download fails); it merges
+    assert joiner.catch_up(FakeTracker(reports=reports), 3) is CatchUp.SYNCED
+    assert joiner.epoch == 3 and joiner.statistics()["merges"] == 1
+    peer = FakeNode()
+    peer.state_sync.by_digest = dict(payloads)
+    peer.state_sync.offered = {p: o for p, o in offered.items() if p != ID(PEER_A)}
+    a.node = peer
+    a.mark_suspect()
+    assert a.check_consistency(FakeTracker(reports=reports))
+    assert joiner.digest() == a.digest()   # the joiner holds what the peers hold
+    # donors that agree: the joiner does not merge, it waits for the download
+    agreed = FakeNode()
+    digest = offered[ID(PEER_A)][1]
+    agreed.state_sync.offered = {ID(PEER_A): (3, digest), ID(PEER_B): (3, digest)}
+    k, _ = keeper(agreed)
+    assert k.catch_up(FakeTracker(reports=reports[:2]), 3) is CatchUp.WAIT
+    assert k.statistics()["merges"] == 0
+
+
+def test_a_merge_that_cannot_download_every_state_changes_nothing():
+    offered, payloads, (a, _, _) = split()
+    node = FakeNode()
+    node.state_sync.by_digest = {d: p for d, p in payloads.items()
+                                 if d != offered[ID(PEER_C)][1]}
+    node.state_sync.offered = {p: o for p, o in offered.items() if p != ID(PEER_A)}
+    a.node = node
+    before = a.digest()
+    a.mark_suspect()
+    assert not a.check_consistency(FakeTracker(reports=[report(PEER_B, 3),
+                                                        report(PEER_C, 3)]))
+    assert a.digest() == before and a.statistics()["merges"] == 0
+    assert a.suspect   # it checks again soon: the offers may have changed
 
 
 def test_the_consistency_check_asks_again_while_nobody_offers_then_gives_up():

@@ -102,6 +102,8 @@ MAX_RECENT_GROUPS = 64
 #: How long a reducer waits, after ``ar.done``, for the sender to end the stream (s).
 DONE_LINGER = 2.0
 
+#: How often a reducer looks for senders whose connection closed (s).
+LIVENESS_POLL = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +162,7 @@ class _Session:
         self.bytes_sent = 0
         self.bytes_received = 0
         self.excluded: set[int] = set()
+        self.seen_connected: set[int] = set()   # senders this node was connected to
         self.times: dict[str, float] = {}
         self.report: Report | None = None   # the evidence of our weight, for every reducer
 
@@ -341,6 +344,10 @@ class AllReduceService:
                             logger.info("all-reduce %s: part %d (reducer %s) failed: %s",
                                         group.group_id.hex()[:8], r, group.members[r].peer_id,
                                         errors[r])
+                            if session.reducer is not None:
+                                # Unreachable or its connection gone: not waited for
+                                # as a sender either.
+                                self._check_liveness(session, session.reducer, (r,))
 
                     if auxiliary or not remote:
                         session.mark("scatter")
@@ -438,8 +445,10 @@ class AllReduceService:
                     return
                 continue
             deadline = reducer.next_deadline()
-            with trio.move_on_at(deadline if deadline is not None else math.inf):
+            poll = trio.current_time() + LIVENESS_POLL
+            with trio.move_on_at(min(deadline if deadline is not None else math.inf, poll)):
                 await session.wait_progress()
+            self._check_liveness(session, reducer)
             for sender in reducer.check_timeouts(trio.current_time()):
                 session.excluded.add(sender)
                 self._counters["senders_excluded"] += 1
@@ -448,6 +457,31 @@ class AllReduceService:
                             session.group.members[sender].peer_id,
                             reducer.senders[sender].reason)
             session.finalize()
+
+    def _check_liveness(self, session: _Session, reducer: PartReducer,
+                        gone: Sequence[int] = ()) -> None:
+        """Fail at once the senders the part waits for whose connection to this
+        node closed after this round saw it open, or (``gone``) that this
+        node's own stream to them just failed with no connection left: a
+        member known gone is not waited for until ``sender_timeout``."""
+        lost = []
+        for index, state in reducer.senders.items():
+            if state.state not in (SenderState.WAITING, SenderState.STREAMING):
+                continue
+            if self._host.is_connected(session.group.members[index].peer_id):
+                session.seen_connected.add(index)
+            elif index in session.seen_connected or index in gone:
+                reducer.fail(index, "it is unreachable: no connection to this reducer")
+                lost.append(index)
+        for index in lost:
+            session.excluded.add(index)
+            self._counters["senders_excluded"] += 1
+            logger.info("all-reduce %s: excluded member %d (%s): unreachable, no connection",
+                        session.group.group_id.hex()[:8], index,
+                        session.group.members[index].peer_id)
+        if lost:
+            session.finalize()
+            session.progressed()
 
     async def _open(self, stream: FramedStream) -> Opened | None:
         """An incoming stream: its ``ar.begin`` and the session of its group,

@@ -27,7 +27,7 @@ from p2pdl.averaging import (
 from p2pdl.averaging.allreduce._messages import Begin
 from p2pdl.averaging.allreduce._state import default_fractions
 from p2pdl.errors import ConfigError
-from p2pdl.testing import open_memory_nodes, open_nodes
+from p2pdl.testing import open_memory_nodes, open_memory_swarm, open_nodes
 from p2pdl.wire import TensorHeader
 from p2pdl.wire._frames import FrameKind
 
@@ -423,3 +423,28 @@ async def test_a_waiting_stream_whose_sender_left_stops_waiting_at_once(autojump
             while nodes[1].averaging.statistics()["waiting"]:
                 await trio.sleep(0.01)
         assert trio.current_time() - start < 1.0  # not join_wait
+
+
+async def test_a_member_gone_before_the_round_is_not_waited_for(autojump_clock):
+    """A member whose connection closed (it was killed as the group formed) is
+    failed within LIVENESS_POLL, not after sender_timeout: the survivors' parts
+    complete at once, and both lose the dead member's part alike."""
+    async with open_memory_swarm() as swarm:
+        nodes = await swarm.add_nodes(3)
+        await connect_all(nodes)
+        group = make_group(nodes)
+        xs = inputs(3)
+        swarm.kill(nodes[2])
+        start = trio.current_time()
+        results = await run_all(nodes, group, xs, [1.0, 1.0, 1.0], skip=(2,))
+        assert trio.current_time() - start < EXACT.sender_timeout / 2
+        for i in (0, 1):
+            parts = results[i].parts
+            assert [p.completed for p in parts] == [True, True, False]
+            assert 2 in results[i].excluded or i == 1 or parts[0].contributions
+        truth = weighted_mean(xs, [1.0, 1.0, 1.0], (0, 1))
+        lo, hi = results[0].parts[0].start, results[0].parts[1].end
+        flat = [torch.cat([t.flatten() for t in results[i].tensors])[lo:hi] for i in (0, 1)]
+        assert torch.equal(flat[0], flat[1])
+        assert torch.allclose(flat[0], torch.cat([t.flatten() for t in truth])[lo:hi])
+        assert nodes[0].averaging.statistics()["senders_excluded"] >= 1
