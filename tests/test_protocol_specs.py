@@ -53,7 +53,7 @@ from p2pdl.net._relay import REFRESH_AT
 from p2pdl.progress import PROGRESS_PROTOCOL_ID, SNAPSHOT_PREFIX, ProgressConfig
 from p2pdl.progress import _messages as progress_messages
 from p2pdl.progress import config as progress_config
-from p2pdl.progress._service import MAX_PUSH_BACKOFF
+from p2pdl.progress._service import ALONE_READ_INTERVAL, MAX_PUSH_BACKOFF
 from p2pdl.statesync import _messages as ss_messages
 from p2pdl.statesync import _state as ss_state
 from p2pdl.statesync import config as ss_config
@@ -255,6 +255,7 @@ def test_progress_definitions_match_the_code():
     for name, value in limits.items():
         assert number(rows[name]) == value, name
     assert number(rows["MAX_PUSH_BACKOFF"]) == MAX_PUSH_BACKOFF
+    assert number(rows["ALONE_READ_INTERVAL"]) == ALONE_READ_INTERVAL
     defaults = ProgressConfig()
     for field in dataclasses.fields(ProgressConfig):
         assert number(rows[field.name]) == getattr(defaults, field.name), field.name

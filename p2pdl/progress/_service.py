@@ -140,6 +140,9 @@ TRACKER_COUNTERS = TrackerStatistics.counter_names()
 
 #: Longest rest of a member whose pushes keep failing (s); see max_push_failures.
 MAX_PUSH_BACKOFF = 60.0
+#: While it knows no member, a peer that started tracking less than ``join_wait``
+#: ago reads the DHT snapshot this often (s): a joiner hears the swarm at once.
+ALONE_READ_INTERVAL = 0.25
 
 
 def _peer_report(report: Report) -> PeerReport:
@@ -808,10 +811,11 @@ class ProgressTracker:
     async def _snapshots(self) -> None:
         dht = self._service._dht
         key = SNAPSHOT_PREFIX + self.run_id
+        started = trio.current_time()
         await self._read_snapshot(dht, key)
         next_store = -math.inf
         alone_backoff = 1.0
-        next_read = trio.current_time() + alone_backoff
+        next_read = trio.current_time() + ALONE_READ_INTERVAL
         while True:
             clock = trio.current_time()
             if (self._snapshot_due.is_set() or clock >= next_store) and self._own is not None:
@@ -827,12 +831,14 @@ class ProgressTracker:
                     # here only; store again so the others' reads can find us.
                     await self._store_snapshot(dht, key)
                 await self._read_snapshot(dht, key, latest=alone)
-                if alone and not self._contacts:
+                joining = trio.current_time() < started + self.config.join_wait
+                if alone and not self._contacts and not joining:
                     alone_backoff = min(alone_backoff * 2, self.config.sync_interval * 2)
-                else:
+                elif not alone or self._contacts:
                     alone_backoff = 1.0
                     self._last_live = self._clock()  # give gossip a partition_timeout to resume
-                next_read = trio.current_time() + alone_backoff
+                next_read = trio.current_time() + (
+                    ALONE_READ_INTERVAL if joining and not self._contacts else alone_backoff)
             wake = min(next_store, next_read) - trio.current_time()
             with trio.move_on_after(max(wake, 0.05)):
                 await self._snapshot_due.wait()

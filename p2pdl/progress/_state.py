@@ -15,6 +15,10 @@ with the epoch set by a quorum rather than by the highest report:
   tracking (its first
   :meth:`ProgressView.set_local`): a fresh peer that has heard only a liar
   claiming a far epoch waits until the swarm's reports, which vote, arrive;
+  nor is it ready, in that time, before it holds a trainer's report placed
+  at or after its start (reports older than that, a DHT snapshot's, may say
+  an epoch the swarm has long left: a joiner that stepped on them would
+  found a group of its own at its old epoch);
 * the global epoch is the highest epoch of the local peer and of the
   non-client peers that is at most Q + 1 (a trainer one epoch ahead has just
   stepped); a non-client peer more than one epoch ahead of Q is **ahead**:
@@ -294,11 +298,15 @@ class ProgressView:
 
     def global_progress(self, now: float) -> GlobalProgress:
         """The global view at ``now``, and whether the local peer is ready to step."""
-        ttl = self.config.report_ttl
         local = self.local
-        others = [(e.report, e.anchor) for e in self._entries.values() if now - e.anchor <= ttl]
+        others = self._live(now)
         live: list[tuple[PeerReport, float]] = [(local, now), *others]
+        # A joining peer counts the votes heard since its start, if any: older
+        # reports (a DHT snapshot's) may say an epoch the swarm has left.
+        since = self.tracking_since if self.joining(now) else None
         voters = [r.epoch for r, _ in others if _is_trainer(r)]
+        if since is not None and self._heard_since_start(others):
+            voters = [r.epoch for r, anchor in others if _is_trainer(r) and anchor >= since]
         if self.local_votes and _is_trainer(local):
             voters.append(local.epoch)
         quorum = quorum_epoch(voters, self.config.quorum_fraction)
@@ -313,7 +321,10 @@ class ProgressView:
                 epoch = max(epoch, report.epoch)
         # One epoch beyond is a peer that has just stepped (it moves the
         # others anyway); more is a claim a fresh peer checks with the swarm.
-        held = epoch > local.epoch + 1 and self.joining(now)
+        # Nor does a fresh peer step on reports all older than its start (a
+        # DHT snapshot's): what the swarm does now is on its way.
+        held = self.joining(now) and (epoch > local.epoch + 1
+                                      or not self._heard_since_start(others))
         if held:   # not yet: the swarm's reports may still be on their way
             epoch = local.epoch
         reported = 0
@@ -349,6 +360,19 @@ class ProgressView:
             samples_per_second=total_sps, eta_next_epoch=eta, ready_to_step=ready, time=now,
             quorum_epoch=quorum, ahead=ahead)
 
+    def _live(self, now: float) -> list[tuple[PeerReport, float]]:
+        """The reports in view that are not older than ``report_ttl``, with their anchors."""
+        ttl = self.config.report_ttl
+        return [(e.report, e.anchor) for e in self._entries.values() if now - e.anchor <= ttl]
+
+    def _heard_since_start(self, others: list[tuple[PeerReport, float]]) -> bool:
+        """Whether a trainer's report placed at or after the local peer started
+        tracking is in view, or no trainer's at all (``others``: reports with
+        their anchors): alone, it has nothing stale to step on."""
+        since = self.tracking_since
+        anchors = [anchor for report, anchor in others if _is_trainer(report)]
+        return since is None or not anchors or any(anchor >= since for anchor in anchors)
+
     def joining(self, now: float) -> bool:
         """Whether the local peer abstains and started tracking less than
         ``join_wait`` ago: it follows no epoch beyond its own yet."""
@@ -360,9 +384,11 @@ class ProgressView:
         progress = self.global_progress(now)
         if progress.ready_to_step:
             return now
-        if progress.quorum_epoch > self.local.epoch + 1 and self.joining(now):
+        if self.joining(now) and (progress.quorum_epoch > self.local.epoch + 1
+                                  or not self._heard_since_start(self._live(now))):
             assert self.tracking_since is not None
-            return self.tracking_since + self.config.join_wait   # then it may follow
+            # Then it may follow; a fresh report wakes it earlier.
+            return self.tracking_since + self.config.join_wait
         return progress.eta_next_epoch + self.config.eta_grace
 
 

@@ -100,7 +100,8 @@ class ProgressConfig:
             steps once the collaboration has the target).  Default 2.
         join_wait: a peer still at the epoch it started with (it abstains from
             the quorum) follows no epoch more than one beyond its own, and does
-            not step while one is in view, until it has tracked the run this
+            not step while one is in view (nor before it holds a trainer's
+            report placed after its start), until it has tracked the run this
             long, so that it hears the swarm before it believes a lone voice.
             At most ``report_ttl``.  Default 5 s (a heartbeat: every connected
             peer has reported by then).

@@ -33,6 +33,10 @@ Modules:
   peers and attackers training the example together: a :class:`SwarmOutcome`)
   and :func:`loopback_swarm` (sync nodes, optionally members of a certificate
   run); docs/testing.md.  They need torch, so they are imported when first used.
+* ``_churn`` -- :func:`churn_run`: a swarm training a small regression task
+  (:class:`RegressionTask`) while peers are killed (mid-round, while serving
+  a download, or any time) and replaced by fresh volunteers; a
+  :class:`ChurnOutcome` (``simulations/bench_churn.py``).  Torch too.
 """
 
 from ._agent import Agent as Agent
@@ -67,6 +71,8 @@ from ._swarm_agent import open_swarm_agents as open_swarm_agents
 _LAZY = {name: "_attackers" for name in (
     "WeightInflater", "GradientScaler", "EpochLiar", "flagged", "SwarmOutcome", "train_swarm",
     "loopback_swarm")}
+_LAZY.update({name: "_churn" for name in (
+    "RegressionTask", "ChurnConfig", "ChurnOutcome", "churn_run")})
 
 
 def __getattr__(name: str) -> object:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -56,6 +57,10 @@ if TYPE_CHECKING:
 __all__ = ["Optimizer", "OptimizerConfig", "RoundInfo"]
 
 logger = logging.getLogger(__name__)
+
+#: A peer's progress report at most this old (s) counts it as present at its epoch
+#: when a round's group is compared with the peers seen (a gone peer's report ages).
+FRESH_REPORT = 3.0
 
 
 class Optimizer:
@@ -259,7 +264,16 @@ class Optimizer:
             self._reset_accumulation()
             keeper.epoch = epoch + 1   # announced once the group has formed
             return False
+        serving = self._serving_peers_at(epoch)
         result = self.rounds.run(epoch, sent, samples, alone=alone)
+        if result.info.outcome in ("averaged", "partial") and result.servers < serving:
+            # Peers this one saw at the epoch averaged in another group: the
+            # groups may now hold different states.  Compare, once their
+            # offers are in (StateKeeper.expect_offers).
+            logger.info("run %s epoch %d: a group of %d serving peers, %d seen at the "
+                        "epoch; comparing states after the step", self.run_id, epoch,
+                        result.servers, serving)
+            keeper.expect_offers(serving)
         if result.info.outcome == "failed":
             swarm_epoch = self._tracker.global_progress().epoch
             if swarm_epoch > epoch:
@@ -277,6 +291,15 @@ class Optimizer:
         self._advance(epoch + 1)
         keeper.after_step()
         return stepped
+
+    def _serving_peers_at(self, epoch: int) -> int:
+        """Peers that serve state (this one included if it does) whose fresh
+        report (at most FRESH_REPORT s old) puts them at ``epoch``."""
+        now = time.time()
+        others = sum(1 for r in self._tracker.peers()
+                     if r.epoch == epoch and not r.client_mode and not r.auxiliary
+                     and now - r.time <= FRESH_REPORT)
+        return others + (0 if self.node.client_mode else 1)
 
     def _conclude(self, result: RoundResult) -> bool:
         """Apply a judged round: the global step; True if the parameters stepped."""

@@ -81,6 +81,8 @@ class RoundResult:
     info: RoundInfo
     sent: list[torch.Tensor]
     averaged: list[torch.Tensor] | None
+    #: members of the group that serve state (neither client mode nor auxiliary)
+    servers: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -213,10 +215,14 @@ class Rounds:
                                sent, None)
         size = len(outcome.group.members)
         contributors = _contributors(outcome)
+        servers = sum(1 for m in outcome.group.members
+                      if not getattr(m, "client_mode", False) and not getattr(m, "auxiliary",
+                                                                                False))
         if outcome.completed:
             self._counters["averaged"] += 1
             return RoundResult(RoundInfo(epoch, "averaged", size, samples, seconds,
-                                         contributors=contributors), sent, outcome.tensors)
+                                         contributors=contributors), sent, outcome.tensors,
+                               servers)
         self._counters["partial"] += 1
         missing = [i for i, part in enumerate(outcome.parts) if not part.completed]
         cleared = clear_incomplete(outcome.tensors, outcome.parts)
@@ -224,7 +230,7 @@ class Rounds:
                        "values", self.run_id, epoch, missing, cleared)
         return RoundResult(RoundInfo(epoch, "partial", size, samples, seconds,
                                      f"parts {missing} incomplete", contributors),
-                           sent, outcome.tensors)
+                           sent, outcome.tensors, servers)
 
     def run(self, epoch: int, sent: list[torch.Tensor], samples: int, *, alone: bool
             ) -> RoundResult:

@@ -59,6 +59,9 @@ MAX_MERGED_STATES = 8
 CHECK_RETRY = 0.2
 #: Consistency checks after which a peer stops looking for the others' state of its epoch.
 MAX_CHECKS = 50
+#: Consistency checks (of CHECK_RETRY s) a peer waits, at most, for the offers of the
+#: peers it expects at its epoch (``expect_offers``) before it compares with fewer.
+SPLIT_CHECKS = 10
 #: This peer's own vote in the consistency check.
 _THIS_PEER = object()
 
@@ -101,6 +104,7 @@ class StateKeeper:
                                         config.checkpoint_keep)
                        if config.checkpoint_dir is not None else None)
         self._checks = 0
+        self._expected = 0   # offers awaited at this epoch, this peer's included
         self._next_check = 0.0
         self._next_sync = 0.0
         self._sync_failures = 0
@@ -369,6 +373,14 @@ class StateKeeper:
         """The last round failed or was partial: check before the next round."""
         self.suspect = True
 
+    def expect_offers(self, peers: int) -> None:
+        """The last round's group left out peers seen at its epoch (``peers``
+        serving peers in all, this one included): they averaged in another
+        group, perhaps to another state.  Check before the next round, once
+        their offers are in (at most :data:`SPLIT_CHECKS` tries)."""
+        self._expected = max(self._expected, peers)
+        self.suspect = True
+
     def check_due(self) -> bool:
         """Whether a consistency check should run now."""
         return self.suspect and time.monotonic() >= self._next_check
@@ -396,16 +408,21 @@ class StateKeeper:
         offers = self.node.state_sync.offers(self.run_id, [ID(d) for d in donors]) \
             if donors else {}
         same = {peer: digest for peer, (epoch, digest) in offers.items() if epoch == self.epoch}
+        if len(same) + 1 < self._expected and self._checks < SPLIT_CHECKS:
+            logger.debug("run %s epoch %d: %d of the %d peers expected offer this epoch's "
+                         "state yet", self.run_id, self.epoch, len(same) + 1, self._expected)
+            return False   # the other group's offers are on their way
         if not same:
             logger.debug("run %s epoch %d: no peer offers this epoch's state yet (asked %d, "
                          "offers %s)", self.run_id, self.epoch, len(donors), offers)
             if give_up:
                 logger.info("run %s epoch %d: no peer offered this epoch's state to compare "
                             "with; the consistency check is dropped", self.run_id, self.epoch)
-                self.suspect, self._checks = False, 0
+                self.suspect, self._checks, self._expected = False, 0, 0
             return False   # the others have not shared this epoch yet: ask again soon
         self._counters["consistency_checks"] += 1
         checks, self.suspect, self._checks = self._checks, False, 0
+        self._expected = 0
         mine = self.digest()
         if len(same) == 1:
             # One other peer: one against one, the smallest digest wins, so that

@@ -394,6 +394,28 @@ def test_a_fresh_run_steps_within_join_wait_and_a_held_peer_wakes_at_its_end():
     assert v.global_progress(T + 4.0).epoch == LIAR
 
 
+def test_a_joiner_does_not_step_on_reports_older_than_its_start():
+    """A DHT snapshot holds reports up to report_ttl old: the swarm at epoch 0,
+    long left.  A joiner that stepped on them would found its own group at 0."""
+    v = view(join_wait=5.0, target=100)
+    v.set_local(report(ME, 0, 0.0, T - 1.0, epoch=0), votes=False)   # tracking since T - 1
+    v.set_local(report(ME, 200, 50.0, T, epoch=0), votes=False)      # its own target reached
+    for peer in (b"a", b"b", b"c"):   # stamped 12 s before it started, not live
+        assert v.offer(report(peer, 0, 10.0, T - 13.0, epoch=0), T) is Verdict.ACCEPTED
+    g = v.global_progress(T)
+    assert g.num_peers == 4 and g.epoch == 0 and not g.ready_to_step
+    assert v.ready_at(T) == T + 4.0     # join_wait's end, unless a fresh report comes first
+    # one fresh report (a push's reply) says where the swarm is now
+    trainers(v, {b"a": 7})
+    g = v.global_progress(T)
+    assert g.epoch == 0 and not g.ready_to_step   # held: epoch 7 is more than one beyond
+    assert v.global_progress(T + 4.0).epoch == 7
+    # at the start of a run, peers that started together hear each other live at once
+    fresh = joining_view({b"a": 0, b"b": 0}, waited=1.0)
+    fresh.set_local(report(ME, 980, 0.0, T, epoch=0), votes=False)
+    assert fresh.global_progress(T).ready_to_step
+
+
 def test_a_peer_with_an_epoch_of_its_own_does_not_wait():
     v = view(join_wait=5.0)
     v.set_local(report(ME, 0, 0.0, T, epoch=3))       # resumed a checkpoint: it votes at once

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from libp2p.peer.id import ID
 
 import p2pdl
 from p2pdl.errors import ConfigError, NodeClosedError
@@ -473,6 +474,50 @@ def test_a_failed_round_after_which_the_swarm_moved_on_takes_its_state_not_a_loc
     assert opt.local_epoch == 1 and opt.samples_accumulated == 0
     assert opt.last_round.outcome == "failed" and not opt.state_keeper.suspect
     assert node.tracker.epochs[-1] == 1
+    opt.close()
+
+
+def done_round(members: int) -> concurrent.futures.Future:
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    future.set_result(SimpleNamespace(completed=True, tensors=None, parts=[],
+                                      group=group(members), excluded=()))
+    return future
+
+
+@pytest.mark.parametrize("seen, group_size, expected", [
+    ((b"a", b"b"), 3, 0),     # everyone seen at the epoch was in the group
+    ((b"a", b"b", b"c"), 3, 4),   # c averaged elsewhere: compare once its offer is in
+], ids=["whole", "split"])
+def test_a_group_that_left_out_peers_seen_at_the_epoch_makes_the_peer_compare_states(
+        seen, group_size, expected):
+    node = FakeNode()
+    node.tracker.view = [fake_progress(0, ready=True)]
+    node.tracker.reports = [fake_report(p, 0) for p in seen]
+    opt, model = offline(node)
+    future = done_round(group_size)
+    model.weight.grad = torch.tensor([[1.0, -1.0]])
+
+    def averaged_in_place(*args, **kwargs):
+        result = future.result()
+        result.tensors = kwargs.get("tensors") or args[2]
+        return future
+
+    node.averaging.start_round = lambda run_id, epoch, tensors, **kw: averaged_in_place(
+        run_id, epoch, tensors)
+    assert opt.step()
+    keeper = opt.state_keeper
+    assert keeper.suspect is bool(expected) and keeper._expected == expected
+    if expected:
+        # offers from two of the four: it waits for the others (SPLIT_CHECKS tries) ...
+        digest = keeper.digest()
+        node.state_sync.offered = {p: (1, digest) for p in (ID(b"a"), ID(b"b"))}
+        node.tracker.reports = [fake_report(p, 1) for p in seen]
+        assert not keeper.check_consistency(node.tracker)
+        assert keeper.suspect and keeper.statistics()["consistency_checks"] == 0
+        # ... and compares once every one is in
+        node.state_sync.offered[ID(b"c")] = (1, digest)
+        assert not keeper.check_consistency(node.tracker)   # they agree with it
+        assert not keeper.suspect and keeper.statistics()["consistency_checks"] == 1
     opt.close()
 
 
