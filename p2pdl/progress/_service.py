@@ -739,6 +739,11 @@ class ProgressTracker:
         except P2PDLError as exc:
             self._counters["pushes_failed"] += 1
             self._failures[peer] += 1
+            if not self._host.is_connected(ID(peer)):
+                # Gone (killed, shut down): its report leaves the view at once
+                # rather than after report_ttl, so that it moves no quorum and
+                # counts for no readiness; its next report brings it back.
+                self._view.forget(peer)
             excess = self._failures[peer] - self.config.max_push_failures
             if excess >= 0:  # rest it, doubling up to MAX_PUSH_BACKOFF, then try again
                 self._retry_at[peer] = trio.current_time() + min(

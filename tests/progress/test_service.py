@@ -19,6 +19,7 @@ from p2pdl.progress._service import TRACKER_COUNTERS
 from p2pdl.testing import (
     MemoryNetwork,
     open_memory_nodes,
+    open_memory_swarm,
     open_nodes,
     task_names,
     wait_for_dht,
@@ -134,6 +135,30 @@ async def test_a_newer_epoch_makes_peers_ready_and_clients_do_not_set_the_epoch(
             b.update_epoch(1)
             await wait_until(lambda: a.ready_to_step and a.global_progress().epoch == 1, 5)
             assert b.global_progress().epoch == 1 and not b.ready_to_step
+
+
+async def test_a_killed_peer_leaves_the_view_at_once_not_after_report_ttl(autojump_clock):
+    """Its report would vote and count for report_ttl (15 s): a push to it that fails
+    with no connection left takes it out of the view."""
+    async with open_memory_swarm(MemoryNetwork(latency=0.005)) as swarm:
+        nodes = await swarm.add_nodes(3)
+        await wait_for_dht(nodes)
+        async with AsyncExitStack() as stack:
+            a, b = [await stack.enter_async_context(n.progress.track(RUN, 10**6))
+                    for n in nodes[:2]]
+            doomed = await stack.enter_async_context(nodes[2].progress.track(RUN, 10**6))
+            doomed.update_epoch(3)
+            await wait_until(lambda: a.global_progress().num_peers == 3
+                             and b.global_progress().num_peers == 3, 10)
+            swarm.kill(nodes[2])
+            a.report(10, samples_per_second=0.0)   # the next publish pushes to everyone
+            b.report(10, samples_per_second=0.0)
+            took = await wait_until(lambda: a.global_progress().num_peers == 2
+                                    and b.global_progress().num_peers == 2, 10)
+            assert took < 2.0   # not report_ttl
+            # it is no ghost either: the other's view, gossiped, does not bring it back
+            await trio.sleep(6.0)
+            assert a.global_progress().num_peers == 2 and b.global_progress().num_peers == 2
 
 
 async def test_auxiliary_peers_count_as_members_but_bring_no_samples():
