@@ -274,6 +274,12 @@ class Optimizer:
                         "epoch; comparing states after the step", self.run_id, epoch,
                         result.servers, serving)
             keeper.expect_offers(serving)
+        elif result.info.outcome in ("averaged", "partial") and self._lost_members(result):
+            # A member is gone now: it may have died while sending its part's
+            # results, after some members got them and before others did.
+            logger.info("run %s epoch %d: a member of the group is gone; comparing states "
+                        "after the step", self.run_id, epoch)
+            keeper.mark_suspect()
         if result.info.outcome == "failed":
             swarm_epoch = self._tracker.global_progress().epoch
             if swarm_epoch > epoch:
@@ -300,6 +306,19 @@ class Optimizer:
                      if r.epoch == epoch and not r.client_mode and not r.auxiliary
                      and now - r.time <= FRESH_REPORT)
         return others + (0 if self.node.client_mode else 1)
+
+    def _lost_members(self, result: RoundResult) -> bool:
+        """Whether a member of the round's group that accepts connections is no
+        longer connected to this node (a node without ``connected_peers``: never)."""
+        connected = getattr(self.node, "connected_peers", None)
+        me = getattr(self.node, "peer_id", None)
+        if connected is None or not result.reachable:
+            return False
+        try:
+            live = set(connected())
+        except Exception:   # the node is closing: nothing to compare with anyway
+            return False
+        return any(peer != me and peer not in live for peer in result.reachable)
 
     def _conclude(self, result: RoundResult) -> bool:
         """Apply a judged round: the global step; True if the parameters stepped."""

@@ -83,6 +83,8 @@ class RoundResult:
     averaged: list[torch.Tensor] | None
     #: members of the group that serve state (neither client mode nor auxiliary)
     servers: int = 0
+    #: the group's members that accept connections (not in client mode), peer ids
+    reachable: tuple[Any, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,11 +220,13 @@ class Rounds:
         servers = sum(1 for m in outcome.group.members
                       if not getattr(m, "client_mode", False) and not getattr(m, "auxiliary",
                                                                                 False))
+        reachable = tuple(m.peer_id for m in outcome.group.members
+                          if not getattr(m, "client_mode", False))
         if outcome.completed:
             self._counters["averaged"] += 1
             return RoundResult(RoundInfo(epoch, "averaged", size, samples, seconds,
                                          contributors=contributors), sent, outcome.tensors,
-                               servers)
+                               servers, reachable)
         self._counters["partial"] += 1
         missing = [i for i, part in enumerate(outcome.parts) if not part.completed]
         cleared = clear_incomplete(outcome.tensors, outcome.parts)
@@ -230,7 +234,7 @@ class Rounds:
                        "values", self.run_id, epoch, missing, cleared)
         return RoundResult(RoundInfo(epoch, "partial", size, samples, seconds,
                                      f"parts {missing} incomplete", contributors),
-                           sent, outcome.tensors, servers)
+                           sent, outcome.tensors, servers, reachable)
 
     def run(self, epoch: int, sent: list[torch.Tensor], samples: int, *, alone: bool
             ) -> RoundResult:

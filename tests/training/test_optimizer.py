@@ -521,6 +521,28 @@ def test_a_group_that_left_out_peers_seen_at_the_epoch_makes_the_peer_compare_st
     opt.close()
 
 
+@pytest.mark.parametrize("gone", [False, True])
+def test_a_member_gone_after_a_complete_round_makes_the_peer_compare_states(gone):
+    """It may have died while sending its part's results: some members got them, others
+    did not.  This one got every part; it checks anyway."""
+    node = FakeNode()
+    node.tracker.view = [fake_progress(0, ready=True)]
+    opt, model = offline(node)
+    future = done_round(3)
+    members = [m.peer_id for m in future.result().group.members]
+    node.connected_peers = lambda: members[1:] if gone else members
+
+    def averaged_in_place(run_id, epoch, tensors, **kw):
+        future.result().tensors = tensors
+        return future
+
+    node.averaging.start_round = averaged_in_place
+    model.weight.grad = torch.tensor([[1.0, -1.0]])
+    assert opt.step() and opt.last_round.outcome == "averaged"
+    assert opt.state_keeper.suspect is gone
+    opt.close()
+
+
 def test_statistics_name_every_counter():
     opt, _ = offline(FakeNode())
     assert list(opt.statistics()) == [
