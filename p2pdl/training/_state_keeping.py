@@ -217,15 +217,11 @@ class StateKeeper:
         only one donor vouched for (it was the only one) is loaded but
         unconfirmed: the consistency check runs after the next round.
         """
-        donors = [r.peer_id for r in tracker.peers()
-                  if r.epoch >= min_epoch and not r.client_mode and not r.auxiliary]
+        donors, max_epoch = _donors(tracker, min_epoch)
         if not donors:
             logger.info("run %s: no peer can send the state of epoch %d yet", self.run_id,
                         min_epoch)
             return False
-        progress = tracker.global_progress()
-        quorum = getattr(progress, "quorum_epoch", progress.epoch)
-        max_epoch = max(min_epoch, quorum + 1)
         try:
             download = self.node.state_sync.fetch(
                 self.run_id, [ID(d) for d in donors], min_epoch=min_epoch,
@@ -286,12 +282,9 @@ class StateKeeper:
         """A joiner's fallback: when the donors at the newest epoch from ``min_epoch``
         on (at most the quorum's + 1) offer several states and none has a
         majority, merge them as the peers there do; True if a state was loaded."""
-        donors = [r.peer_id for r in tracker.peers()
-                  if r.epoch >= min_epoch and not r.client_mode and not r.auxiliary]
+        donors, max_epoch = _donors(tracker, min_epoch)
         if len(donors) < 2:
             return False
-        progress = tracker.global_progress()
-        max_epoch = max(min_epoch, getattr(progress, "quorum_epoch", progress.epoch) + 1)
         offers = self.node.state_sync.offers(self.run_id, [ID(d) for d in donors])
         epochs = sorted({e for e, _ in offers.values() if min_epoch <= e <= max_epoch},
                         reverse=True)
@@ -495,3 +488,14 @@ class StateKeeper:
         self._last_checkpoint = epoch
         logger.info("run %s: resumed from the checkpoint of epoch %d", self.run_id, epoch)
         return True
+
+
+def _donors(tracker: TrainingTracker, min_epoch: int) -> tuple[list[bytes], int]:
+    """The serving peers of the tracker's view at ``min_epoch`` or later, and the
+    newest epoch to take from them: the progress quorum's + 1 (the view's epoch
+    where the tracker has no quorum), or ``min_epoch`` if that is later."""
+    donors = [r.peer_id for r in tracker.peers()
+              if r.epoch >= min_epoch and not r.client_mode and not r.auxiliary]
+    progress = tracker.global_progress()
+    quorum = getattr(progress, "quorum_epoch", progress.epoch)
+    return donors, max(min_epoch, quorum + 1)

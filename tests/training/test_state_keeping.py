@@ -293,14 +293,23 @@ def split(epoch: int = 3) -> tuple[dict[ID, tuple[int, bytes]], dict[bytes, tupl
     return offered, payloads, keepers
 
 
+def seen_by(peer: bytes | None, offered: dict[ID, tuple[int, bytes]],
+            payloads: dict[bytes, tuple[int, bytes]]) -> FakeNode:
+    """A node whose state sync sees every offer but ``peer``'s own (None: all of
+    them) and downloads each offered state by its digest."""
+    node = FakeNode()
+    node.state_sync.by_digest = dict(payloads)
+    node.state_sync.offered = {p: o for p, o in offered.items()
+                               if peer is None or p != ID(peer)}
+    return node
+
+
 def test_peers_that_agree_on_no_state_merge_them_alike_and_a_liar_is_outvoted():
     offered, payloads, (a, b, liar) = split()
     reports = [report(PEER_A, 3), report(PEER_B, 3), report(PEER_C, 3)]
     digests = {}
     for me, peer in ((a, PEER_A), (b, PEER_B)):
-        node = FakeNode()
-        node.state_sync.by_digest = dict(payloads)
-        node.state_sync.offered = {p: o for p, o in offered.items() if p != ID(peer)}
+        node = seen_by(peer, offered, payloads)
         me.node = node
         me.mark_suspect()
         assert me.check_consistency(FakeTracker(reports=reports))
@@ -322,18 +331,12 @@ def test_peers_that_agree_on_no_state_merge_them_alike_and_a_liar_is_outvoted():
 
 def test_a_joiner_facing_donors_that_agree_on_no_state_merges_as_they_do():
     offered, payloads, (a, _, _) = split()
-    node = FakeNode()
-    node.state_sync.by_digest = dict(payloads)
-    node.state_sync.offered = dict(offered)
-    joiner, _ = keeper(node, weight=-7.0)
+    joiner, _ = keeper(seen_by(None, offered, payloads), weight=-7.0)
     reports = [report(PEER_A, 3), report(PEER_B, 3), report(PEER_C, 3)]
     # the joiner's vote finds no majority (the fake download fails); it merges
     assert joiner.catch_up(FakeTracker(reports=reports), 3) is CatchUp.SYNCED
     assert joiner.epoch == 3 and joiner.statistics()["merges"] == 1
-    peer = FakeNode()
-    peer.state_sync.by_digest = dict(payloads)
-    peer.state_sync.offered = {p: o for p, o in offered.items() if p != ID(PEER_A)}
-    a.node = peer
+    a.node = seen_by(PEER_A, offered, payloads)
     a.mark_suspect()
     assert a.check_consistency(FakeTracker(reports=reports))
     assert joiner.digest() == a.digest()   # the joiner holds what the peers hold
