@@ -35,7 +35,9 @@ for them:
   kill to the first peer's next averaged round;
 * ``rounds``: every peer's rounds by outcome (averaged, partial, alone,
   failed), and ``state``: state syncs, merges, repairs, consistency checks,
-  batches dropped as stale.
+  batches dropped as stale, and the all-reduce's parts lost
+  (``parts_failed``), dropped after the post-round exchange
+  (``parts_dropped``) and disputed (``parts_disputed``).
 
 ``--load N`` runs N busy processes beside the swarm for the whole
 benchmark (the machine loaded); ``load`` in the JSON says how many.

@@ -353,7 +353,7 @@ def test_allreduce_definitions_match_the_code():
         assert number(rows[name]) == getattr(ar_config, name), name
     assert number(rows["LAYOUT_VERSION"]) == ar_state.LAYOUT_VERSION
     assert number(rows["MIN_CAPPED_CONTRIBUTORS"]) == ar_state.MIN_CAPPED_CONTRIBUTORS
-    for name in ("DONE_LINGER", "MAX_RECENT_GROUPS", "LIVENESS_POLL"):
+    for name in ("DONE_LINGER", "MAX_RECENT_GROUPS", "LIVENESS_POLL", "HAVE_GRACE"):
         assert number(rows[name]) == getattr(ar_service, name), name
     defaults = AllReduceConfig()
     for field in dataclasses.fields(AllReduceConfig):
@@ -375,7 +375,7 @@ def test_allreduce_messages_codes_and_layout_match_the_code():
     text = spec("allreduce.md")
     messages = section(text, "Messages")
     for message in (ar_messages.Begin, ar_messages.Done, ar_messages.Reject,
-                    ar_messages.Segment):
+                    ar_messages.Segment, ar_messages.Have):
         assert f"`{message.TAG}`" in messages, message.TAG
         for field in dataclasses.fields(message):
             assert f"| `{field.name}` |" in messages, (message.TAG, field.name)

@@ -154,7 +154,8 @@ class ChurnOutcome:
     seconds_without_an_averaged_round_after_a_kill: list[float]
     #: rounds of every peer (every generation) by outcome
     rounds: dict[str, int]
-    #: state syncs, merges and repairs of every peer, summed
+    #: state syncs, merges, repairs and the all-reduce's lost, dropped and
+    #: disputed parts of every peer, summed
     state: dict[str, int]
     seconds: float
     #: every generation of every slot: slot, generation, start and catch-up
@@ -185,6 +186,10 @@ class ChurnOutcome:
                 "seconds": round(self.seconds, 1)}
 
 
+#: The all-reduce's counters of the post-round exchange, summed into ``state``.
+PARTS_KEYS = ("parts_failed", "parts_dropped", "parts_disputed")
+
+
 @dataclasses.dataclass
 class _Peer:
     """One generation of one slot: a volunteer from its start to its kill (or the end)."""
@@ -205,10 +210,17 @@ class _Peer:
 
     def stats(self) -> dict[str, Any]:
         try:
-            self.statistics = self.opt.statistics()
+            statistics = self.opt.statistics()
             self.history = self.opt.round_history()
         except Exception:   # the optimizer is closing: its last statistics stand
-            pass
+            return self.statistics
+        try:
+            trio_node = self.node.trio_node
+            averaging = self.node.portal.run_sync(lambda: trio_node.averaging.statistics())
+            statistics.update({key: getattr(averaging, key) for key in PARTS_KEYS})
+        except Exception:   # the node is closing: its last counts stand
+            statistics.update({key: self.statistics.get(key, 0) for key in PARTS_KEYS})
+        self.statistics = statistics
         return self.statistics
 
 
@@ -387,7 +399,7 @@ def churn_run(config: ChurnConfig, task: RegressionTask | None = None) -> ChurnO
         for key in ("averaged", "partial", "alone", "failed"):
             rounds[key] = rounds.get(key, 0) + int(g.statistics.get(key, 0))
         for key in ("state_syncs", "state_sync_failures", "merges", "repairs",
-                    "consistency_checks", "stale_batches"):
+                    "consistency_checks", "stale_batches", *PARTS_KEYS):
             state[key] = state.get(key, 0) + int(g.statistics.get(key, 0))
     return ChurnOutcome(
         end_epoch=target, loss=loss, untrained_loss=task.held_out_mse(task.build_model(0)),

@@ -326,6 +326,13 @@ class Optimizer:
         self.last_round = info
         if info.outcome in ("failed", "partial"):
             self.state_keeper.mark_suspect()   # the others may have stepped without this peer
+        elif result.disputed:
+            # A member said after the round that it lacks parts this peer got,
+            # while their reducer is alive: the two now hold different states.
+            logger.info("run %s epoch %d: parts %s are lacked by another member; comparing "
+                        "states after the step", self.run_id, info.epoch,
+                        list(result.disputed))
+            self.state_keeper.mark_suspect()
         update = self.strategy.on_failure(result.sent) if info.outcome == "failed" \
             else result.averaged
         self.strategy.apply(update)

@@ -85,6 +85,9 @@ class RoundResult:
     servers: int = 0
     #: the group's members that accept connections (not in client mode), peer ids
     reachable: tuple[Any, ...] = ()
+    #: parts this peer completed that a member said after the round it lacks,
+    #: while their reducer was alive (AllReduceResult.disputed): states differ
+    disputed: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -222,11 +225,12 @@ class Rounds:
                                                                                 False))
         reachable = tuple(m.peer_id for m in outcome.group.members
                           if not getattr(m, "client_mode", False))
+        disputed = tuple(getattr(outcome, "disputed", ()))
         if outcome.completed:
             self._counters["averaged"] += 1
             return RoundResult(RoundInfo(epoch, "averaged", size, samples, seconds,
                                          contributors=contributors), sent, outcome.tensors,
-                               servers, reachable)
+                               servers, reachable, disputed)
         self._counters["partial"] += 1
         missing = [i for i, part in enumerate(outcome.parts) if not part.completed]
         cleared = clear_incomplete(outcome.tensors, outcome.parts)
@@ -234,7 +238,7 @@ class Rounds:
                        "values", self.run_id, epoch, missing, cleared)
         return RoundResult(RoundInfo(epoch, "partial", size, samples, seconds,
                                      f"parts {missing} incomplete", contributors),
-                           sent, outcome.tensors, servers, reachable)
+                           sent, outcome.tensors, servers, reachable, disputed)
 
     def run(self, epoch: int, sent: list[torch.Tensor], samples: int, *, alone: bool
             ) -> RoundResult:

@@ -543,6 +543,28 @@ def test_a_member_gone_after_a_complete_round_makes_the_peer_compare_states(gone
     opt.close()
 
 
+@pytest.mark.parametrize("disputed", [(), (1,)])
+def test_a_part_another_member_lacks_makes_the_peer_compare_states(disputed):
+    """After the round a member said it lacks part 1, whose reducer is alive
+    (the all-reduce's post-round exchange): this peer got it, so the two hold
+    different states; it checks before its next round."""
+    node = FakeNode()
+    node.tracker.view = [fake_progress(0, ready=True)]
+    opt, model = offline(node)
+    future = done_round(3)
+    future.result().disputed = disputed
+
+    def averaged_in_place(run_id, epoch, tensors, **kw):
+        future.result().tensors = tensors
+        return future
+
+    node.averaging.start_round = averaged_in_place
+    model.weight.grad = torch.tensor([[1.0, -1.0]])
+    assert opt.step() and opt.last_round.outcome == "averaged"
+    assert opt.state_keeper.suspect is bool(disputed)
+    opt.close()
+
+
 def test_statistics_name_every_counter():
     opt, _ = offline(FakeNode())
     assert list(opt.statistics()) == [

@@ -8,6 +8,9 @@ One stream per (sender, reducer) pair, opened by the sender:
 2. reducer -> sender: the averaged chunks as TENSOR frames, in order, as soon
    as each is reduced, then ``ar.done`` (who contributed to which chunks);
    or ``ar.reject`` at any point, and the stream ends.
+
+After the round, one stream per pair of members that use the results: each
+side sends ``ar.have`` (the parts it completed) once, the dialer first.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from ...progress import Report
 from ...wire import MaxLen, Message, MessageSet, Range
 from ..matchmaking.config import GROUP_ID_SIZE, MAX_CODE_LENGTH, MAX_DETAIL_LENGTH, MAX_GROUP_SIZE
 
-__all__ = ["ALLREDUCE_PROTOCOL_ID", "Begin", "Segment", "Done", "Reject", "REJECT_CODES",
-           "SENDER_MESSAGES", "REDUCER_MESSAGES", "LAYOUT_DIGEST_SIZE", "MAX_WEIGHT",
-           "MAX_SEGMENTS"]
+__all__ = ["ALLREDUCE_PROTOCOL_ID", "Begin", "Segment", "Done", "Reject", "Have",
+           "REJECT_CODES", "SENDER_MESSAGES", "REDUCER_MESSAGES", "HAVE_MESSAGES",
+           "LAYOUT_DIGEST_SIZE", "MAX_WEIGHT", "MAX_SEGMENTS"]
 
 ALLREDUCE_PROTOCOL_ID = "/p2pdl/allreduce/1.0.0"
 #: This protocol's id (every protocol package exports it under this name).
@@ -47,6 +50,8 @@ REJECT_CODES = {
                 "protocol)",
     "busy": "the reducer holds as many waiting streams as it may",
     "not_admitted": "the reducer's admission gate refused the sender for this group's run",
+    "not_exchanging": "the addressed member takes no part in the post-round exchange with "
+                      "this member (ar.have)",
 }
 
 
@@ -94,6 +99,19 @@ class Reject(Message, tag="ar.reject"):
     detail: Annotated[str, MaxLen(MAX_DETAIL_LENGTH)] = ""
 
 
-#: What a reducer accepts from a sender, and what a sender accepts from a reducer.
-SENDER_MESSAGES = MessageSet(Begin)
+class Have(Message, tag="ar.have"):
+    """After the round: the parts member ``sender`` completed (indices of
+    members whose non-empty part it received whole, or reduced itself)."""
+
+    group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
+    sender: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
+    parts: Annotated[list[Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]],
+                     MaxLen(MAX_GROUP_SIZE)]
+
+
+#: What a reducer accepts first on a stream (``ar.begin``, or the dialer's
+#: ``ar.have`` of the post-round exchange); what a sender accepts from a
+#: reducer; what a dialer of the exchange accepts in reply.
+SENDER_MESSAGES = MessageSet(Begin, Have)
 REDUCER_MESSAGES = MessageSet(Done, Reject)
+HAVE_MESSAGES = MessageSet(Have, Reject)

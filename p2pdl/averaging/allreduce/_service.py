@@ -17,6 +17,10 @@ The rules are in ``_state`` (sans-IO); this module moves the bytes over
   (``weight_evidence``: those the node holds, and the one the sender
   attached to its ``ar.begin``, from ``own_report`` on its side) and by the
   share cap -- and sent back to every sender that wants it.
+* after the round, the members that use the results tell each other which
+  parts they completed (``ar.have``, one stream per pair): a part some
+  member lacks is dropped where its reducer is gone, and reported as
+  disputed where it is alive (``_state.settle_parts``).
 
 Everything is bounded by the call's ``averaging_timeout`` and the tasks live
 in the call's nursery, except incoming streams, which run in the node's
@@ -48,11 +52,13 @@ from .._balancing import round_time
 from ..matchmaking.config import MAX_DETAIL_LENGTH
 from ._messages import (
     ALLREDUCE_PROTOCOL_ID,
+    HAVE_MESSAGES,
     MAX_WEIGHT,
     REDUCER_MESSAGES,
     SENDER_MESSAGES,
     Begin,
     Done,
+    Have,
     Reject,
 )
 from ._state import (
@@ -64,8 +70,12 @@ from ._state import (
     PartResult,
     RejectError,
     SenderState,
+    Settlement,
+    check_have_parts,
     contributions,
     default_fractions,
+    exchange_roles,
+    settle_parts,
 )
 from .config import AllReduceConfig
 
@@ -77,7 +87,7 @@ if TYPE_CHECKING:
     from ..matchmaking import Group
 
 __all__ = ["AllReduceService", "AllReduceStatistics", "WeightEvidence", "OwnReport",
-           "MAX_RECENT_GROUPS", "WEIGHT_FLAG", "OUTLIER_FLAG"]
+           "MAX_RECENT_GROUPS", "WEIGHT_FLAG", "OUTLIER_FLAG", "HAVE_GRACE"]
 
 #: ``weight_evidence(run_id, peer, epoch, report)``: the largest sample count the
 #: peer's own signed progress reports for that epoch of the run support, after
@@ -105,6 +115,9 @@ DONE_LINGER = 2.0
 #: How often a reducer looks for senders whose connection closed (s).
 LIVENESS_POLL = 0.5
 
+#: How long past ``averaging_timeout`` the post-round exchange may last (s).
+HAVE_GRACE = 2.0
+
 
 @dataclasses.dataclass(frozen=True)
 class AllReduceStatistics(Statistics):
@@ -118,6 +131,10 @@ class AllReduceStatistics(Statistics):
     ``outliers_flagged``: (round, member) pairs whose values lay more than
     ``outlier_factor`` times the reference distance from the robust result
     of some chunk of this node's part (each is flagged ``outlier_values``).
+    ``haves_heard``: members whose ``ar.have`` a round heard after it ended.
+    ``parts_dropped``: parts this node completed and then dropped, because a
+    member lacked them and their reducer was gone; ``parts_disputed``: parts
+    it completed that a member lacked while their reducer was connected.
     """
 
     active: int
@@ -133,6 +150,9 @@ class AllReduceStatistics(Statistics):
     weights_capped: int = 0
     weights_share_capped: int = 0
     outliers_flagged: int = 0
+    haves_heard: int = 0
+    parts_dropped: int = 0
+    parts_disputed: int = 0
 
 
 #: The counters of :meth:`AllReduceService.statistics`.
@@ -165,6 +185,15 @@ class _Session:
         self.seen_connected: set[int] = set()   # senders this node was connected to
         self.times: dict[str, float] = {}
         self.report: Report | None = None   # the evidence of our weight, for every reducer
+        # The post-round exchange: the parts this member completed (None until
+        # its own round settled), and what the others said they completed.
+        self.held: frozenset[int] | None = None
+        self.settled = trio.Event()
+        self.heard: dict[int, frozenset[int]] = {}
+        self.have_streams: set[int] = set()     # members that opened their exchange stream
+        # Senders this reducer excluded as silent or broken: not waited for in the
+        # exchange (one whose stream merely closed may be a member that lacks a part).
+        self.unheeded: set[int] = set()
 
     def progressed(self) -> None:
         self._progress.set()
@@ -222,7 +251,8 @@ class AllReduceService:
         self._own_report = own_report
         self._config = config or AllReduceConfig()
         self._sessions: dict[bytes, _Session] = {}
-        self._recent: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        # Finished groups: what a late ``ar.have`` is answered with.
+        self._recent: collections.OrderedDict[bytes, _Finished] = collections.OrderedDict()
         self._sessions_changed = trio.Event()
         self._waiting = 0
         self._waiting_by_peer: collections.Counter[Any] = collections.Counter()
@@ -354,9 +384,16 @@ class AllReduceService:
                     for r in remote:
                         if not auxiliary:
                             nursery.start_soon(exchange, r)
+            session.held = _held(session, receivers)
+            session.settled.set()
+            settlement = Settlement({}, {})
+            if not auxiliary:
+                with trio.move_on_at(session.deadline + HAVE_GRACE):
+                    await self._exchange_haves(session)
+                settlement = self._settle(session)
         finally:
             self._unregister(session)
-        return self._result(session, originals, receivers, errors, inplace)
+        return self._result(session, originals, receivers, errors, inplace, settlement)
 
     def _my_index(self, group: Group) -> int:
         try:
@@ -432,6 +469,139 @@ class AllReduceService:
             assert isinstance(message, Done)
             receiver.done(message.segments)
 
+    # -- the post-round exchange -------------------------------------------
+
+    async def _exchange_haves(self, session: _Session) -> None:
+        """Tell the other members which parts this one completed and hear theirs.
+
+        Dials the members this one dials (``exchange_roles``) and waits for the
+        others' streams, for at most ``reducer_timeout + HAVE_GRACE`` (a member
+        that lacks a part may wait that long for a silent reducer before it
+        settles); a member is not waited for once its stream failed, its
+        connection closed, or this node's reducer excluded it as silent or
+        broken."""
+        dial, answer = exchange_roles(session.group, session.me)
+        if not dial and not answer:
+            return
+        members = session.group.members
+        failed: set[int] = set()
+        with trio.move_on_after(session.config.reducer_timeout + HAVE_GRACE):
+            async with trio.open_nursery() as nursery:
+
+                async def dial_have(j: int) -> None:
+                    if not await self._dial_have(session, j):
+                        failed.add(j)
+                        session.progressed()
+
+                for j in dial:
+                    nursery.start_soon(dial_have, j)
+                waiting = set(dial) | set(answer)
+                while True:
+                    waiting -= session.heard.keys() | failed | session.unheeded
+                    waiting = {j for j in waiting
+                               if self._host.is_connected(members[j].peer_id)}
+                    if not waiting:
+                        break
+                    with trio.move_on_after(LIVENESS_POLL):
+                        await session.wait_progress()
+                nursery.cancel_scope.cancel()
+
+    async def _dial_have(self, session: _Session, j: int) -> bool:
+        """Send our ``ar.have`` to member ``j``; take its reply as heard (True)."""
+        assert session.held is not None
+        group = session.group
+        peer = group.members[j].peer_id
+        try:
+            remaining = max(0.1, session.deadline + HAVE_GRACE - trio.current_time())
+            net_stream = await self._host.new_stream(peer, ALLREDUCE_PROTOCOL_ID,
+                                                     timeout=remaining)
+            async with open_framed_stream(net_stream, self._wire) as stream:
+                try:
+                    await stream.send_message(Have(group.group_id, session.me,
+                                                   sorted(session.held)))
+                    item = await stream.receive(HAVE_MESSAGES)
+                    if item is None:
+                        raise StreamClosedError("the member ended the stream before its "
+                                                "ar.have")
+                    if isinstance(item, TensorChunk):
+                        raise RemoteProtocolError("the reply to ar.have must be ar.have")
+                    _, reply = item
+                    if isinstance(reply, Reject):
+                        raise _Rejected(f"refused: {reply.code}")
+                    assert isinstance(reply, Have)
+                    if reply.group_id != group.group_id or reply.sender != j:
+                        raise RemoteProtocolError("the reply to ar.have is for another "
+                                                  "group or member")
+                    self._heard(session, j, check_have_parts(reply.parts, session.layout))
+                    return True
+                except RemoteProtocolError:
+                    self._counters["protocol_errors"] += 1
+                    await stream.reset()
+                    raise
+        except P2PDLError as exc:
+            logger.debug("all-reduce %s: no ar.have from member %d (%s): %s",
+                         group.group_id.hex()[:8], j, peer, exc)
+            return False
+
+    def _settle(self, session: _Session) -> Settlement:
+        """Apply the exchange's rule to what this member heard (settle_parts)."""
+        assert session.held is not None
+        group = session.group
+        gone = frozenset(j for j, m in enumerate(group.members)
+                         if j != session.me and not self._host.is_connected(m.peer_id))
+        settlement = settle_parts(session.held, session.heard, gone, session.me)
+        for name, parts in (("parts_dropped", settlement.dropped),
+                            ("parts_disputed", settlement.disputed)):
+            self._counters[name] += len(parts)
+        for part, lacking in settlement.dropped.items():
+            logger.info("all-reduce %s: part %d dropped: member(s) %s did not complete it "
+                        "and its reducer is gone", group.group_id.hex()[:8], part,
+                        list(lacking))
+        for part, lacking in settlement.disputed.items():
+            logger.info("all-reduce %s: part %d disputed: member(s) %s did not complete it "
+                        "(its reducer is still connected)", group.group_id.hex()[:8], part,
+                        list(lacking))
+        return settlement
+
+    def _heard(self, session: _Session, j: int, parts: frozenset[int]) -> None:
+        session.heard[j] = parts
+        self._counters["haves_heard"] += 1
+        session.progressed()
+
+    async def _serve_have(self, stream: FramedStream, target: _Session | _Finished,
+                          have: Have) -> None:
+        """A member's ``ar.have``: record it (while this round still runs) and
+        answer with ours once our own round has settled."""
+        group, me = target.group, target.me
+        j = have.sender
+        if j >= len(group) or group.members[j].peer_id != stream.peer_id:
+            raise RejectError("not_member", f"the stream's peer is not member {j}")
+        if j not in exchange_roles(group, me)[1]:
+            raise RejectError("not_exchanging", f"member {j} does not dial member {me}")
+        parts = check_have_parts(have.parts, target.layout)
+        if isinstance(target, _Finished):
+            if target.held is None:
+                raise RejectError("finished", "this member's round ended unsettled")
+            held = target.held
+        else:
+            session = target
+            if j in session.have_streams:
+                raise RejectError("duplicate", f"member {j} already sent its ar.have")
+            session.have_streams.add(j)
+            self._heard(session, j, parts)
+            with trio.CancelScope() as scope:
+                session.scopes.add(scope)
+                try:
+                    await session.settled.wait()
+                finally:
+                    session.scopes.discard(scope)
+            held = session.held
+            if held is None:   # the round was cancelled before it settled
+                return
+        await stream.send_message(Have(group.group_id, me, sorted(held)))
+        with trio.move_on_after(DONE_LINGER):
+            await stream.wait_peer_done()
+
     # -- reducer side -----------------------------------------------------
 
     async def _watch_reducer(self, session: _Session) -> None:
@@ -451,6 +621,7 @@ class AllReduceService:
             self._check_liveness(session, reducer)
             for sender in reducer.check_timeouts(trio.current_time()):
                 session.excluded.add(sender)
+                session.unheeded.add(sender)
                 self._counters["senders_excluded"] += 1
                 logger.info("all-reduce %s: excluded member %d (%s): %s",
                             session.group.group_id.hex()[:8], sender,
@@ -492,7 +663,11 @@ class AllReduceService:
             if scope.cancelled_caught or item is None or isinstance(item, TensorChunk):
                 raise RemoteProtocolError("an all-reduce stream must start with ar.begin")
             _, begin = item
-            assert isinstance(begin, Begin)
+            if isinstance(begin, Have):
+                finished = self._recent.get(begin.group_id)
+                if finished is not None and begin.group_id not in self._sessions:
+                    return Opened(finished.group.run_id, (finished, begin))
+            assert isinstance(begin, (Begin, Have))
             session = await self._find_session_while_open(stream, begin.group_id)
             return Opened(session.group.run_id, (session, begin))
         except RemoteProtocolError as exc:
@@ -516,16 +691,22 @@ class AllReduceService:
                         reducer.sender_states().get(index) is SenderState.WAITING:
                     reducer.fail(index, reason)
                     session.excluded.add(index)
+                    session.unheeded.add(index)
                     self._counters["senders_failed"] += 1
                     session.finalize()
                     session.progressed()
 
-    async def _handle_admitted(self, stream: FramedStream, opened: tuple[_Session, Begin]
-                               ) -> None:
-        """A sender of some group's all-reduce, admitted by the node's gate."""
-        session, begin = opened
+    async def _handle_admitted(self, stream: FramedStream,
+                               opened: tuple[_Session | _Finished, Begin | Have]) -> None:
+        """A sender of some group's all-reduce, or a member's ``ar.have``,
+        admitted by the node's gate."""
+        target, first = opened
         try:
-            await self._serve(stream, session, begin)
+            if isinstance(first, Have):
+                await self._serve_have(stream, target, first)
+            else:
+                assert isinstance(target, _Session)
+                await self._serve(stream, target, first)
         except (RejectError, P2PDLError) as exc:
             await self._failed(stream, exc)
 
@@ -715,6 +896,7 @@ class AllReduceService:
                         session.group.group_id.hex()[:8], sender, stream.peer_id, exc)
             reducer.fail(sender, f"protocol error: {exc}")
             session.excluded.add(sender)
+            session.unheeded.add(sender)
             results.cancel()
             await stream.reset()
         except P2PDLError as exc:
@@ -757,7 +939,8 @@ class AllReduceService:
             logger.debug("all-reduce %s: the share cap lowered the weights of members %s",
                          group_id.hex()[:8], sorted(session.reducer.share_capped))
         self._sessions.pop(group_id, None)
-        self._recent[group_id] = None
+        self._recent[group_id] = _Finished(session.group, session.me, session.layout,
+                                           session.held)
         while len(self._recent) > MAX_RECENT_GROUPS:
             self._recent.popitem(last=False)
         for scope in list(session.scopes):
@@ -767,11 +950,20 @@ class AllReduceService:
 
     def _result(self, session: _Session, originals: list[torch.Tensor],
                 receivers: dict[int, PartReceiver], errors: dict[int, str],
-                inplace: bool) -> AllReduceResult:
+                inplace: bool, settlement: Settlement) -> AllReduceResult:
         group, layout, flat = session.group, session.layout, session.flat
         session.mark("total")
         parts = []
         for r, member in enumerate(group.members):
+            if r in settlement.dropped:
+                lo, hi = layout.part_bounds[r]
+                _restore(flat, originals, layout, lo, hi)
+                lacking = settlement.dropped[r]
+                parts.append(PartResult(r, member.peer_id, lo, hi, False,
+                                        error=f"dropped after the round: member(s) "
+                                              f"{list(lacking)} did not complete it and its "
+                                              f"reducer is gone", lacked_by=lacking))
+                continue
             lo, hi = layout.part_bounds[r]
             if not layout.chunks[r]:
                 parts.append(PartResult(r, member.peer_id, lo, hi, True))
@@ -782,7 +974,8 @@ class AllReduceService:
                 if reducer.complete:
                     flat[lo:hi].copy_(reducer.result())
                     parts.append(PartResult(r, member.peer_id, lo, hi, True,
-                                            contributions(layout, r, reducer.segments())))
+                                            contributions(layout, r, reducer.segments()),
+                                            lacked_by=settlement.disputed.get(r, ())))
                 else:
                     parts.append(PartResult(r, member.peer_id, lo, hi, False,
                                             error="the round ended before every sender was "
@@ -795,7 +988,8 @@ class AllReduceService:
             elif receiver is not None and receiver.complete:
                 assert receiver.segments is not None
                 parts.append(PartResult(r, member.peer_id, lo, hi, True,
-                                        contributions(layout, r, receiver.segments)))
+                                        contributions(layout, r, receiver.segments),
+                                        lacked_by=settlement.disputed.get(r, ())))
             else:
                 error = errors.get(r, "the round ended before the reducer finished "
                                       "(averaging_timeout)")
@@ -812,13 +1006,33 @@ class AllReduceService:
         result = AllReduceResult(outputs, group, tuple(parts), tuple(sorted(session.excluded)),
                                  session.bytes_sent, session.bytes_received,
                                  dict(session.times), _predicted(group, layout),
-                                 session.auxiliary)
+                                 session.auxiliary, tuple(sorted(session.heard)))
         self._counters["completed" if result.completed else "incomplete"] += 1
         return result
 
 
 class _Rejected(P2PDLError):
     """A reducer refused this sender."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Finished:
+    """A finished round, remembered to answer a late ``ar.have`` (and to refuse
+    late streams ``finished``): no values, only what this member completed."""
+
+    group: Group
+    me: int
+    layout: Layout
+    held: frozenset[int] | None
+
+
+def _held(session: _Session, receivers: dict[int, PartReceiver]) -> frozenset[int]:
+    """The non-empty parts this member completed: its own, averaged; the
+    others, received whole."""
+    held = {r for r, receiver in receivers.items() if receiver.complete}
+    if session.reducer is not None and session.reducer.complete:
+        held.add(session.me)
+    return frozenset(held)
 
 
 def _describe(exc: BaseException) -> str:

@@ -16,6 +16,8 @@ No trio and no sockets: time is passed in, tensors are plain torch tensors.
 * :class:`PartReceiver` -- a sender's state for one remote part: the
   averaged chunks arriving in order, checked and decoded into the output,
   then the reducer's account of who contributed.
+* the post-round exchange: who dials whom (:func:`exchange_roles`), and
+  what a member does with what the others say they hold (:func:`settle_parts`).
 * :class:`AllReduceResult`, :class:`PartResult`, :class:`Contribution`.
 """
 
@@ -45,7 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ChunkSpec", "Layout", "PartReducer", "PartReceiver", "SenderState",
            "RejectError", "Contribution", "PartResult", "AllReduceResult", "LAYOUT_VERSION",
-           "MIN_CAPPED_CONTRIBUTORS", "cap_shares", "default_fractions"]
+           "MIN_CAPPED_CONTRIBUTORS", "cap_shares", "default_fractions", "exchange_roles",
+           "settle_parts", "Settlement", "check_have_parts"]
 
 #: Version of the layout rules; part of the digest.
 LAYOUT_VERSION = 1
@@ -186,6 +189,84 @@ def default_fractions(group: Group) -> tuple[float, ...]:
                                  "reduce")
     share = 1.0 / sum(reducers)
     return tuple(share if r else 0.0 for r in reducers)
+
+
+def exchange_roles(group: Group, me: int) -> tuple[list[int], list[int]]:
+    """Who this member exchanges ``ar.have`` with after the round: ``(dial,
+    answer)``, the members it opens a stream to and those that open one to it.
+
+    Only members that use the results take part (not auxiliary ones).  In
+    each pair, a member in client mode dials (it accepts no stream);
+    otherwise the lower index dials.  Two members in client mode cannot
+    reach each other and do not exchange.
+    """
+    members = group.members
+    if members[me].auxiliary:
+        return [], []
+    dial, answer = [], []
+    for j, other in enumerate(members):
+        if j == me or other.auxiliary:
+            continue
+        mine, theirs = members[me].client_mode, other.client_mode
+        if mine and theirs:
+            continue
+        if mine or (not theirs and me < j):
+            dial.append(j)
+        else:
+            answer.append(j)
+    return dial, answer
+
+
+def check_have_parts(parts: Sequence[int], layout: Layout) -> frozenset[int]:
+    """The parts of an ``ar.have``, checked: distinct members whose part is not
+    empty.  Raises RemoteProtocolError otherwise."""
+    held = frozenset(parts)
+    if len(held) != len(parts):
+        raise RemoteProtocolError("ar.have lists a part twice")
+    for part in held:
+        if part >= len(layout.chunks) or not layout.chunks[part]:
+            raise RemoteProtocolError(f"ar.have lists part {part}, which is not a "
+                                      f"non-empty part of the group")
+    return held
+
+
+@dataclasses.dataclass(frozen=True)
+class Settlement:
+    """What a member does with its complete parts once the exchange is over.
+
+    ``dropped``: parts it completed that it treats as incomplete: a member
+    heard lacks them and their reducer is gone.  ``disputed``: parts it
+    completed that a member heard lacks while their reducer is still
+    connected (kept; the caller compares states).  Both map part -> the
+    members heard that lack it.
+    """
+
+    dropped: dict[int, tuple[int, ...]]
+    disputed: dict[int, tuple[int, ...]]
+
+
+def settle_parts(held: frozenset[int], heard: dict[int, frozenset[int]],
+                 gone: frozenset[int], me: int) -> Settlement:
+    """The rule of the post-round exchange (protocols/allreduce.md).
+
+    ``held``: the non-empty parts this member completed; ``heard``: member ->
+    the parts it said it completed; ``gone``: members no longer connected to
+    this one.  A part this member holds that some member heard lacks is
+    **dropped** when its reducer is gone (no update there, as for every member
+    that lost it), else **disputed**: a member cannot make the others drop a
+    part whose reducer is alive and can be asked.
+    """
+    dropped: dict[int, tuple[int, ...]] = {}
+    disputed: dict[int, tuple[int, ...]] = {}
+    for part in sorted(held):
+        lacking = tuple(sorted(j for j, parts in heard.items() if part not in parts))
+        if not lacking:
+            continue
+        if part != me and part in gone:
+            dropped[part] = lacking
+        else:
+            disputed[part] = lacking
+    return Settlement(dropped, disputed)
 
 
 class SenderState(enum.Enum):
@@ -611,7 +692,10 @@ class PartResult:
 
     ``completed``: the averages of every chunk arrived (then ``contributions``
     says who counted where); otherwise the part keeps this member's own values
-    and ``error`` says why.
+    and ``error`` says why.  ``lacked_by``: the members that said after the
+    round that they did not complete this part (the post-round exchange);
+    a part this member completed is then dropped (not completed) if its
+    reducer is gone, else kept and ``disputed``.
     """
 
     reducer: int
@@ -621,6 +705,12 @@ class PartResult:
     completed: bool
     contributions: tuple[Contribution, ...] = ()
     error: str | None = None
+    lacked_by: tuple[int, ...] = ()
+
+    @property
+    def disputed(self) -> bool:
+        """Completed here, and some member heard after the round lacks it."""
+        return self.completed and bool(self.lacked_by)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -643,6 +733,8 @@ class AllReduceResult:
         auxiliary: this member is auxiliary: it receives no averages, so
             ``completed`` only asks whether its own part was averaged and
             delivered (the other parts hold zeros).
+        heard: the members whose ``ar.have`` this member heard after the
+            round (the post-round exchange; the parts each completed).
     """
 
     tensors: list[torch.Tensor]
@@ -654,6 +746,13 @@ class AllReduceResult:
     times: dict[str, float]
     predicted_s: float | None = None
     auxiliary: bool = False
+    heard: tuple[int, ...] = ()
+
+    @property
+    def disputed(self) -> tuple[int, ...]:
+        """Parts this member completed that a member heard after the round lacks
+        while their reducer is still connected: the members now differ there."""
+        return tuple(p.reducer for p in self.parts if p.disputed)
 
     @property
     def completed(self) -> bool:
@@ -670,7 +769,9 @@ class AllReduceResult:
         """A JSON-friendly digest: completion, parts, bytes, times."""
         return {"completed": self.completed,
                 "parts": [{"reducer": p.reducer, "values": p.end - p.start,
-                           "completed": p.completed, "error": p.error} for p in self.parts],
+                           "completed": p.completed, "error": p.error,
+                           "lacked_by": list(p.lacked_by)} for p in self.parts],
+                "heard": list(self.heard),
                 "excluded": list(self.excluded), "bytes_sent": self.bytes_sent,
                 "bytes_received": self.bytes_received, "times": dict(self.times),
                 "predicted_s": self.predicted_s}
