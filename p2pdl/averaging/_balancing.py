@@ -24,7 +24,9 @@ beyond hivemind, the reducers' compute (``reduce_rate``, bytes
 of input per second) enters the program too.  It is a linear program,
 solved by scipy's HiGHS; ``xi`` is the plan's predicted round time.  Among
 the optimal plans the one with the least total link time is taken (a second
-program), so that spare capacity goes to the fastest links.
+program), so that spare capacity goes to the fastest links.  Fractions
+below MIN_FRACTION are dropped (their load goes to the others); when that
+makes a plan slower than equal shares, equal shares are taken.
 """
 
 from __future__ import annotations
@@ -154,11 +156,15 @@ def plan_load(peers: Sequence[PeerCapacity], vector_bytes: float) -> LoadPlan:
     second = linprog(c=secondary, A_ub=a_ub + [[0.0] * n + [1.0]],
                      b_ub=b_ub + [best * (1 + 1e-7) + 1e-9], A_eq=a_eq, b_eq=[1.0],
                      bounds=bounds, method="highs")
-    if second.status == 0:
-        result = second
-    fractions = _clean([max(0.0, float(x)) for x in result.x[:n]], peers)
-    predicted, bottleneck = round_time(peers, fractions, vector_bytes)
-    return LoadPlan(tuple(fractions), predicted, bottleneck)
+    candidates = [result] + ([second] if second.status == 0 else [])
+    plans = []
+    for found in reversed(candidates):   # the least link time first, on a tie
+        fractions = _clean([max(0.0, float(x)) for x in found.x[:n]], peers)
+        plans.append(LoadPlan(tuple(fractions), *round_time(peers, fractions, vector_bytes)))
+    # Dropping fractions below MIN_FRACTION moves their load onto the others,
+    # which can cost a little time: never end worse than equal shares.
+    plans.append(equal_shares(peers, vector_bytes))
+    return min(plans, key=lambda plan: plan.predicted_s)
 
 
 def equal_shares(peers: Sequence[PeerCapacity], vector_bytes: float) -> LoadPlan:

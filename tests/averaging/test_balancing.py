@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from p2pdl.averaging._balancing import (
@@ -62,6 +62,9 @@ def test_impossible_plans_are_clear_errors():
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.floats(1, 1000), st.booleans(), st.booleans()),
                 min_size=2, max_size=12))
+# Dropping a fraction below MIN_FRACTION once made this plan 0.07 % slower than equal shares.
+@example(spec=[(438.0, False, False), (438.0, False, False), (787.0, True, True),
+               (262.5, True, False)])
 def test_the_program_is_never_worse_than_equal_shares(spec):
     peers = [PeerCapacity(b * MBIT, client=c and not a, auxiliary=a and not c)
              for b, c, a in spec]
