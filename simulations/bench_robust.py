@@ -2,7 +2,7 @@
 aggregation rule, and what CenteredClip costs a round.  One JSON.
 
     python simulations/bench_robust.py [--peers 8] [--steps 200] [--batch 512] [--tau 0.05]
-        [--attacks sign_flip,scaled,gaussian,alie,ipm,constant,constant_hidden]
+        [--attacks sign_flip,scaled,gaussian,alie,ipm,constant,constant_hidden,inflate]
         [--malicious 1,3]
         [--round-peers 4] [--numel 10000000] [--rounds 5] [--skip training,round]
         [--timeout 900]
@@ -34,7 +34,11 @@ aggregation rule, and what CenteredClip costs a round.  One JSON.
    ``constant`` (one fixed direction, norm 10), and ``constant_hidden``
    (the honest mean plus that fixed direction at 5 times the honest rows'
    median distance from their mean: an adaptive attacker that stays under
-   the outlier threshold, so it is never banned).  Every run starts from the
+   the outlier threshold, so it is never banned), and ``inflate`` (minus its
+   own gradient, claiming 2**31 samples with no evidence: the reducers track
+   no progress, so only the median cap -- robust rules -- and the share cap
+   bound its weight, with ``AllReduceConfig``'s defaults; every other
+   sender, honest or not, weighs 1).  Every run starts from the
    same model and sees the same honest batches.  As on a node, a sender
    whose values a robust reducer finds more than ``outlier_factor`` (10)
    times the reference distance from the result is flagged
@@ -78,17 +82,26 @@ if str(HERE.parent) not in sys.path:
 
 import torch  # noqa: E402
 
-from p2pdl.averaging import Aggregator, Layout, PartReducer, get_codec  # noqa: E402
+from p2pdl.averaging import (  # noqa: E402
+    Aggregator,
+    AllReduceConfig,
+    Layout,
+    PartReducer,
+    get_codec,
+)
 from p2pdl.averaging.allreduce import OUTLIER_FLAG  # noqa: E402
 from p2pdl.service import FlagBook  # noqa: E402
 from p2pdl.wire import TensorHeader  # noqa: E402
 
-ATTACKS = ("sign_flip", "scaled", "gaussian", "alie", "ipm", "constant", "constant_hidden")
+ATTACKS = ("sign_flip", "scaled", "gaussian", "alie", "ipm", "constant", "constant_hidden",
+           "inflate")
+INFLATED = float(2**31)   # the weight an ``inflate`` attacker claims
 DIM_IN, HIDDEN, CLASSES, TEACHER_HIDDEN = 16, 64, 10, 32
 HELD_OUT, CHUNK = 4096, 1024
 LR, MOMENTUM = 0.1, 0.9
 ALIE_Z, IPM_EPS, GAUSSIAN_STD, CONSTANT_NORM = 1.0, 0.5, 1.0, 10.0
-OUTLIER_FACTOR = 10.0  # AllReduceConfig's default
+DEFAULTS = AllReduceConfig()
+OUTLIER_FACTOR = DEFAULTS.outlier_factor
 HIDDEN_SPREADS = 5.0   # constant_hidden: this many honest spreads from the honest mean
 
 
@@ -135,6 +148,8 @@ def attack_rows(name: str, own: torch.Tensor, honest: torch.Tensor,
     count = own.shape[0]
     if name == "sign_flip":
         return -10 * own
+    if name == "inflate":   # the values of a flip; the weight is the attack (reduce_all)
+        return -own
     if name == "scaled":
         return 100 * own
     if name == "gaussian":
@@ -153,10 +168,11 @@ def attack_rows(name: str, own: torch.Tensor, honest: torch.Tensor,
     raise ValueError(name)
 
 
-def reduce_all(layout: Layout, rows: torch.Tensor, banned: set[int]
-               ) -> tuple[torch.Tensor, set[int]]:
-    """Every part through a PartReducer, as the all-reduce service feeds it;
-    the senders some reducer noted as outliers."""
+def reduce_all(layout: Layout, rows: torch.Tensor, banned: set[int],
+               weights: list[float] | None = None) -> tuple[torch.Tensor, set[int]]:
+    """Every part through a PartReducer, as the all-reduce service feeds it
+    (``weights``: what each sender claims, 1 by default; bounded by the
+    default share and median caps); the senders some reducer noted as outliers."""
     codec = get_codec("none")
     out = torch.empty(layout.numel)
     members = rows.shape[0]
@@ -166,9 +182,11 @@ def reduce_all(layout: Layout, rows: torch.Tensor, banned: set[int]
             continue
         senders = [s for s in range(members) if s != part and s not in banned]
         reducer = PartReducer(layout, part, senders, rows[part, lo:hi].clone(), 1.0, part,
-                              0.0, 10.0, outlier_factor=OUTLIER_FACTOR)
+                              0.0, 10.0, outlier_factor=OUTLIER_FACTOR,
+                              max_share=DEFAULTS.max_weight_share,
+                              max_ratio=DEFAULTS.max_weight_ratio)
         for s in senders:
-            reducer.begin(s, 1.0, True, 0.0)
+            reducer.begin(s, 1.0 if weights is None else weights[s], True, 0.0)
         for spec in layout.chunks[part]:
             header = TensorHeader(part, "float32", (hi - lo,), spec.start - lo, spec.count,
                                   "none", None)
@@ -226,7 +244,9 @@ def train(task: Task, peers: int, malicious: int, attack: str, aggregator: Aggre
         for member in range(malicious):
             if member not in banned:   # every part but its own (it reduces none) takes it
                 contributed[member].append(step)
-        averaged, outliers = reduce_all(layout, rows, set(banned))
+        claims = [INFLATED if attack == "inflate" and i < malicious else 1.0
+                  for i in range(peers)]
+        averaged, outliers = reduce_all(layout, rows, set(banned), claims)
         for member in outliers:
             book.flag(bytes([0, 1, member]), "bench", OUTLIER_FLAG, float(step))
             if book.is_banned(bytes([0, 1, member]), "bench", float(step)):

@@ -55,6 +55,19 @@ def test_the_training_part_prints_one_row_per_attack_count_and_rule():
     assert result["verification_bytes_per_round"] is None
 
 
+@pytest.mark.timeout(200)
+def test_an_inflated_claim_buys_half_under_the_mean_and_twice_the_median_under_a_robust_rule():
+    result = bench("--skip", "round", "--steps", "8", "--batch", "64", "--attacks", "inflate",
+                   "--malicious", "1", timeout=180)
+    rows = {(r["attack"], r["aggregator"]): r for r in result["rows"]}
+    mean, clip = rows[("inflate", "mean")], rows[("inflate", "centered_clip")]
+    assert mean["mounted"] and clip["mounted"]
+    # under the mean its flipped gradient holds half the weight and cancels the
+    # honest ones: the model barely moves; the median cap holds it to 2 of 9
+    assert clip["loss"] < mean["loss"]
+    assert mean["loss"] > 0.97 * result["untrained_loss"]
+
+
 def test_bad_arguments_are_one_line():
     out = subprocess.run([sys.executable, str(BENCH), "--attacks", "krum"], capture_output=True,
                          text=True, timeout=60, cwd=ROOT)

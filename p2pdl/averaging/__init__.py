@@ -54,6 +54,7 @@ from .allreduce import PartReducer as PartReducer
 from .allreduce import PartResult as PartResult
 from .allreduce import WeightEvidence as WeightEvidence
 from .allreduce import cap_shares as cap_shares
+from .allreduce import cap_to_median as cap_to_median
 from .matchmaking import GROUP_ID_DOMAIN as GROUP_ID_DOMAIN
 from .matchmaking import MATCHMAKING_PROTOCOL as MATCHMAKING_PROTOCOL
 from .matchmaking import MATCHMAKING_PROTOCOL_ID as MATCHMAKING_PROTOCOL_ID

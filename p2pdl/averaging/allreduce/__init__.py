@@ -33,5 +33,6 @@ from ._state import PartReceiver as PartReceiver
 from ._state import PartReducer as PartReducer
 from ._state import PartResult as PartResult
 from ._state import cap_shares as cap_shares
+from ._state import cap_to_median as cap_to_median
 from ._state import default_fractions as default_fractions
 from .config import AllReduceConfig as AllReduceConfig

@@ -127,7 +127,9 @@ class AllReduceStatistics(Statistics):
     ``weights_capped``: senders whose weight this node's reducer lowered to
     what their progress reports support (each is flagged
     ``weight_beyond_evidence``).  ``weights_share_capped``: (round, member)
-    pairs whose weight the share cap lowered in some chunk of this node's part.
+    pairs whose weight the share cap lowered in some chunk of this node's part;
+    ``weights_ratio_capped``: those the median cap lowered (robust rules,
+    ``max_weight_ratio``).
     ``outliers_flagged``: (round, member) pairs whose values lay more than
     ``outlier_factor`` times the reference distance from the robust result
     of some chunk of this node's part (each is flagged ``outlier_values``).
@@ -149,6 +151,7 @@ class AllReduceStatistics(Statistics):
     protocol_errors: int = 0
     weights_capped: int = 0
     weights_share_capped: int = 0
+    weights_ratio_capped: int = 0
     outliers_flagged: int = 0
     haves_heard: int = 0
     parts_dropped: int = 0
@@ -338,7 +341,8 @@ class AllReduceService:
                                           session.weight, me, start, config.sender_timeout,
                                           max_share=config.max_weight_share,
                                           max_ahead=config.max_chunks_ahead,
-                                          outlier_factor=config.outlier_factor)
+                                          outlier_factor=config.outlier_factor,
+                                          max_ratio=config.max_weight_ratio)
         self._register(session)
         self._counters["rounds"] += 1
         receivers: dict[int, PartReceiver] = {}
@@ -934,6 +938,10 @@ class AllReduceService:
         group_id = session.group.group_id
         if session.reducer is not None and session.reducer.outliers:
             self._flag_outliers(session, session.reducer.outliers)
+        if session.reducer is not None and session.reducer.ratio_capped:
+            self._counters["weights_ratio_capped"] += len(session.reducer.ratio_capped)
+            logger.debug("all-reduce %s: the median cap lowered the weights of members %s",
+                         group_id.hex()[:8], sorted(session.reducer.ratio_capped))
         if session.reducer is not None and session.reducer.share_capped:
             self._counters["weights_share_capped"] += len(session.reducer.share_capped)
             logger.debug("all-reduce %s: the share cap lowered the weights of members %s",

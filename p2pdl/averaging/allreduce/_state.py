@@ -47,7 +47,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ChunkSpec", "Layout", "PartReducer", "PartReceiver", "SenderState",
            "RejectError", "Contribution", "PartResult", "AllReduceResult", "LAYOUT_VERSION",
-           "MIN_CAPPED_CONTRIBUTORS", "cap_shares", "default_fractions", "exchange_roles",
+           "MIN_CAPPED_CONTRIBUTORS", "cap_shares", "cap_to_median", "default_fractions",
+           "exchange_roles",
            "settle_parts", "Settlement", "check_have_parts"]
 
 #: Version of the layout rules; part of the digest.
@@ -311,6 +312,23 @@ def cap_shares(weights: Sequence[float], max_share: float) -> list[float]:
     return [min(w, cap) for w in values]
 
 
+def cap_to_median(weights: Sequence[float], ratio: float | None) -> list[float]:
+    """``weights`` with none above ``ratio`` times the lower median of the
+    positive ones (unchanged with fewer than two positive weights, or
+    ``ratio`` None).
+
+    The median is a weight of the majority: while fewer than half of the
+    contributors inflate their claims, every weight counts at most ``ratio``
+    typical honest weights, whatever it claims.
+    """
+    values = [float(w) for w in weights]
+    positive = sorted(w for w in values if w > 0)
+    if ratio is None or len(positive) < 2:
+        return values
+    cap = float(ratio) * positive[(len(positive) - 1) // 2]
+    return [min(w, cap) for w in values]
+
+
 @dataclasses.dataclass
 class _Sender:
     index: int
@@ -338,8 +356,10 @@ class PartReducer:
     that chunk's contributors known, so only then is it averaged: each
     sender's weight is its claim capped at the bound given to :meth:`begin`
     (the evidence of its progress reports; this member's own weight has
-    none), then no contributor counts for more than ``max_share`` of the
-    chunk's total (:func:`cap_shares`), and the average is the weighted mean
+    none), then, under a robust rule, at ``max_ratio`` times the lower
+    median of the chunk's positive weights (:func:`cap_to_median`), then no
+    contributor counts for more than ``max_share`` of the chunk's total
+    (:func:`cap_shares`), and the average is the weighted mean
     in member order -- or, with a robust aggregation rule of the layout
     (``Layout.aggregator``), that rule's aggregate of exactly those values
     and weights.  With no positive weight at all it is the reducer's own
@@ -365,7 +385,8 @@ class PartReducer:
     def __init__(self, layout: Layout, part: int, senders: Sequence[int],
                  local: torch.Tensor, local_weight: float, me: int, now: float,
                  sender_timeout: float, *, max_share: float = 1.0,
-                 max_ahead: int = 2**31, outlier_factor: float | None = None) -> None:
+                 max_ahead: int = 2**31, outlier_factor: float | None = None,
+                 max_ratio: float | None = None) -> None:
         import torch
 
         self.layout = layout
@@ -375,6 +396,8 @@ class PartReducer:
         self.sender_timeout = sender_timeout
         self.max_share = float(max_share)
         self.max_ahead = int(max_ahead)
+        # The median cap applies under robust rules only (the mean weighs by samples).
+        self.max_ratio = max_ratio if layout.aggregator.robust else None
         self.local = local
         self.local_weight = float(local_weight)
         self.sum = torch.empty_like(local)    # the averages, chunk by chunk
@@ -388,6 +411,7 @@ class PartReducer:
         self._free: list[torch.Tensor] = []
         self._buffers: dict[tuple[int, int], torch.Tensor] = {}
         self.share_capped: set[int] = set()  # members whose weight the share cap lowered
+        self.ratio_capped: set[int] = set()  # members whose weight the median cap lowered
         self.final = 0                      # chunks [0, final) are averaged
         self.payloads: list[memoryview] = []  # the averaged chunks as they travel
         self.aggregator = layout.aggregator
@@ -564,9 +588,14 @@ class PartReducer:
             entries = [(self.me, self.local_weight, mine)] if self.local_weight > 0 else []
             entries += [(s, self.senders[s].weight, v) for s, v in held.items()]
             entries.sort(key=lambda e: e[0])
-            weights = cap_shares([w for _, w, _ in entries], self.max_share)
-            for (index, weight, _), capped in zip(entries, weights, strict=True):
-                if capped < weight:
+            claimed = [w for _, w, _ in entries]
+            bounded = cap_to_median(claimed, self.max_ratio)
+            weights = cap_shares(bounded, self.max_share)
+            for (index, _, _), weight, median_capped, capped in zip(
+                    entries, claimed, bounded, weights, strict=True):
+                if median_capped < weight:
+                    self.ratio_capped.add(index)
+                elif capped < weight:
                     self.share_capped.add(index)
             total = math.fsum(weights)
             positive = [(values, weight) for (_, _, values), weight

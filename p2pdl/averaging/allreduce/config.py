@@ -71,6 +71,16 @@ class AllReduceConfig:
             0 samples: a claim beyond what was reported gains at most a
             quarter, and a peer that reported nothing at the epoch counts
             for nothing.
+        max_weight_ratio: under a robust aggregator, no contributor's weight
+            counts for more than this many times the lower median of the
+            positive weights in the chunk (after the evidence bound, before
+            the share cap): a claim of more samples than the group's typical
+            member buys at most this factor, evidence or not, while fewer than
+            half of the contributors inflate theirs.  An honest peer that
+            really processed more than this many times the median's samples
+            loses the excess weight (its values still count, at this
+            factor).  None: no such cap.  The weighted mean ignores it (it
+            weighs by samples, for trusted clusters).  Default 2 (>= 1).
         max_weight_share: in a chunk with at least 3 contributors of
             positive weight, no contributor's weight counts for more than
             this share of the chunk's total (each above it is lowered until
@@ -109,6 +119,7 @@ class AllReduceConfig:
     weight_slack: float = 0.25
     weight_slack_samples: float = 0
     max_weight_share: float = 0.5
+    max_weight_ratio: float | None = 2.0
     max_chunks_ahead: int = 2
     aggregator: Aggregator = dataclasses.field(default_factory=lambda: Aggregator())
     outlier_factor: float | None = 10.0
@@ -140,6 +151,9 @@ class AllReduceConfig:
                   f"{name} must be a finite number >= 0")
         check(is_number(self.max_weight_share) and 0 < self.max_weight_share <= 1,
               "max_weight_share must be in (0, 1]")
+        check(self.max_weight_ratio is None
+              or (is_number(self.max_weight_ratio) and self.max_weight_ratio >= 1),
+              "max_weight_ratio must be None or a number >= 1")
         check(self.outlier_factor is None
               or (is_number(self.outlier_factor) and self.outlier_factor > 1),
               "outlier_factor must be None or a number > 1")

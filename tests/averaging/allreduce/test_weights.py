@@ -240,3 +240,41 @@ async def test_a_fast_sender_is_held_back_without_being_excluded(monkeypatch, au
                                         config.codecs, config.chunk_values).chunks[0])
         assert chunks >= 6 and len(held) == 2 * chunks
         assert max(held) == 1   # sender 1 sent everything at once; one chunk was held
+
+
+def test_the_median_cap_holds_every_weight_to_a_multiple_of_the_typical_one():
+    from p2pdl.averaging import cap_to_median
+
+    assert cap_to_median([100.0, 200.0, 300.0, INFLATED], 2.0) == [100.0, 200.0, 300.0, 400.0]
+    assert cap_to_median([3.0, 10.0], 2.0) == [3.0, 6.0]            # two: the smaller rules
+    assert cap_to_median([0.0, 5.0, 7.0], 1.0) == [0.0, 5.0, 5.0]   # 1: equal weights
+    assert cap_to_median([INFLATED], 2.0) == [INFLATED]             # alone: nothing to compare
+    assert cap_to_median([1.0, INFLATED], None) == [1.0, INFLATED]
+    # two inflaters of five are still a minority: the median is an honest weight
+    assert cap_to_median([10.0, 10.0, 10.0, INFLATED, INFLATED], 2.0) == [10.0] * 3 + [20.0] * 2
+    with pytest.raises(Exception, match="max_weight_ratio"):
+        AllReduceConfig(max_weight_ratio=0.5)
+
+
+@pytest.mark.parametrize("rule", ["median", "centered_clip"])
+async def test_under_a_robust_rule_a_claim_without_evidence_buys_at_most_twice_the_median(
+        rule, monkeypatch, autojump_clock):
+    """The inflater claims 2**31 samples with no evidence anywhere: under a
+    robust rule it counts for 2x the median weight (400 of 1000), not the half
+    the share cap alone would leave it; the mean still weighs by samples."""
+    from p2pdl.averaging import Aggregator
+
+    with_evidence(monkeypatch, lambda peer: None)
+    config = dataclasses.replace(EXACT, aggregator=Aggregator(rule, tau=1e3))
+    async with open_memory_nodes(4) as nodes:
+        await connect_all(nodes)
+        weights = [INFLATED, 100.0, 200.0, 300.0]
+        xs, _ = attack_inputs(4, weights, 0)
+        results = await run_all(nodes, make_group(nodes), xs, weights, config)
+        for result in results.values():
+            assert result.completed
+            assert {c.weight for p in result.parts for c in p.contributions} == {1000.0}
+        same_everywhere(results)
+        for node in nodes:
+            stats = node.averaging.statistics()
+            assert stats["weights_ratio_capped"] == 1 and stats["weights_share_capped"] == 0
