@@ -27,7 +27,7 @@ def test_the_training_part_prints_one_row_per_attack_count_and_rule():
     result = bench("--skip", "round", "--steps", "8", "--batch", "64", "--attacks",
                    "scaled,alie", "--malicious", "1,3", timeout=180)
     rows = result["rows"]
-    assert len(rows) == 3 + 2 * 2 * 3
+    assert len(rows) == 4 + 2 * 2 * 4
     assert all(ROW_KEYS <= set(row) for row in rows)
     # every attacker's values were taken in some step: each row measured an attack
     assert not [n for n in result["notes"] if "measured nothing" in n], result["notes"]
@@ -43,7 +43,8 @@ def test_the_training_part_prints_one_row_per_attack_count_and_rule():
             assert any(runs == [[0, 7]] for runs in r["attack_rounds"]), r
     assert {(r["attack"], r["malicious"], r["aggregator"]) for r in rows} >= {
         ("none", 0, "mean"), ("none", 0, "centered_clip"), ("scaled", 3, "centered_clip"),
-        ("alie", 1, "mean"), ("alie", 3, "centered_clip+momentum")}
+        ("alie", 1, "mean"), ("alie", 3, "centered_clip+momentum"),
+        ("scaled", 3, "centered_clip_auto")}
     baseline = next(r for r in rows if r["attack"] == "none" and r["aggregator"] == "mean")
     assert baseline["loss_ratio"] == 1.0
     # x100 gradients are outliers: banned within the 8 steps under CenteredClip

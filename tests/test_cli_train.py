@@ -123,6 +123,7 @@ def test_help_lists_train_and_demo():
     (["--peer-index", "-3"], "--peer-index: must be an integer >= 0"),
     (["--aggregator", "krum"], "invalid choice"),
     (["--tau", "0"], "--tau: must be a positive number"),
+    (["--tau", "automatic"], "--tau: must be a positive number or 'auto'"),
 ])
 def test_bad_flags_are_usage_errors(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -223,3 +224,10 @@ def test_human_output_prints_addresses_then_status_lines():
     assert any(line.startswith("status: epoch ") and "samples" in line for line in lines)
     assert lines[-1].startswith("done (duration): epoch ")
     assert "Traceback" not in result.stderr
+
+
+def test_tau_takes_a_number_or_auto():
+    from p2pdl.cli._args import tau_value
+
+    assert tau_value("0.5") == 0.5
+    assert tau_value("auto") == tau_value(" AUTO ") == "auto"

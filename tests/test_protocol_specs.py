@@ -353,6 +353,8 @@ def test_allreduce_definitions_match_the_code():
         assert number(rows[name]) == getattr(ar_config, name), name
     assert number(rows["LAYOUT_VERSION"]) == ar_state.LAYOUT_VERSION
     assert number(rows["MIN_CAPPED_CONTRIBUTORS"]) == ar_state.MIN_CAPPED_CONTRIBUTORS
+    from p2pdl.averaging._aggregators import AUTO_TAU_FACTOR
+    assert number(rows["AUTO_TAU_FACTOR"]) == AUTO_TAU_FACTOR
     for name in ("DONE_LINGER", "MAX_RECENT_GROUPS", "LIVENESS_POLL", "HAVE_GRACE"):
         assert number(rows[name]) == getattr(ar_service, name), name
     defaults = AllReduceConfig()

@@ -14,6 +14,10 @@ share cap) and returns one row.  Four rules:
   differences cancel, and each is at most ``tau`` long whatever its values:
   when the honest contributors' values lie within ``tau`` of the result,
   it is within ``(p_bad / p_honest) * tau`` of the honest (weighted) mean.
+  ``tau="auto"`` takes the radius from each chunk's own contributors:
+  AUTO_TAU_FACTOR times the weighted lower median of their distances to the
+  weighted medoid (:func:`auto_tau`), which a minority cannot move outside
+  the honest distances.
 * ``trimmed_mean`` -- per coordinate, the weighted mean of the values that
   remain once a ``trim`` share of the total weight is cut from each end.
 * ``median`` -- the weighted coordinate-wise (lower) median.
@@ -41,8 +45,8 @@ from ..errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Aggregator", "AGGREGATORS", "MAX_CLIP_ITERATIONS", "centered_clip",
-           "centered_clip_reference"]
+__all__ = ["Aggregator", "AGGREGATORS", "MAX_CLIP_ITERATIONS", "AUTO_TAU_FACTOR", "AUTO",
+           "centered_clip", "centered_clip_reference", "auto_tau"]
 
 #: The aggregation rules, by name.
 AGGREGATORS = ("mean", "centered_clip", "trimmed_mean", "median")
@@ -50,6 +54,11 @@ AGGREGATORS = ("mean", "centered_clip", "trimmed_mean", "median")
 MAX_CLIP_ITERATIONS = 1000
 #: Columns a rule reads at a time (its scratch memory is rows x this many values).
 BLOCK_VALUES = 2**15
+#: ``tau="auto"``: the radius is this many times the chunk's typical distance
+#: (the weighted lower median of the contributors' distances to the medoid).
+AUTO_TAU_FACTOR = 1.0
+#: The value of ``Aggregator.tau`` that asks for the radius of each chunk.
+AUTO = "auto"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,9 +69,12 @@ class Aggregator:
     Attributes:
         name: one of AGGREGATORS.  Default ``mean``.
         tau: CenteredClip's clipping radius, in the units of the averaged
-            values (the Euclidean norm of one chunk's difference).  Default
-            1.0 (BTARD's ALBERT runs); choose it near the norm of honest
-            differences, or clip gradients in the Optimizer
+            values (the Euclidean norm of one chunk's difference), or
+            ``"auto"``: each chunk's own, AUTO_TAU_FACTOR times the weighted
+            lower median of its contributors' distances to their weighted
+            medoid (:func:`auto_tau`), so no tuning per model.  Default 1.0
+            (BTARD's ALBERT runs); a number must be chosen near the norm of
+            honest differences, or gradients clipped in the Optimizer
             (``OptimizerConfig.clip_norm``) so that it is.
         iterations: CenteredClip's most iterations.  They cost almost
             nothing (they run on a Gram matrix of the contributors, not on
@@ -76,7 +88,7 @@ class Aggregator:
     """
 
     name: str = "mean"
-    tau: float = 1.0
+    tau: float | str = 1.0
     iterations: int = 100
     tolerance: float = 1e-6
     trim: float = 0.25
@@ -88,7 +100,8 @@ class Aggregator:
 
         check(self.name in AGGREGATORS,
               f"name must be one of {', '.join(AGGREGATORS)}, got {self.name!r}")
-        check(_number(self.tau) and self.tau > 0, "tau must be a positive number")
+        check(self.tau == AUTO or (_number(self.tau) and self.tau > 0),
+              f"tau must be a positive number or {AUTO!r}")
         check(isinstance(self.iterations, int) and not isinstance(self.iterations, bool)
               and 1 <= self.iterations <= MAX_CLIP_ITERATIONS,
               f"iterations must be an integer in 1..{MAX_CLIP_ITERATIONS}")
@@ -105,7 +118,8 @@ class Aggregator:
         """The rule and the parameters it uses, as every member must agree on
         them (msgpack-friendly, part of the layout digest)."""
         if self.name == "centered_clip":
-            return [self.name, float(self.tau), int(self.iterations), float(self.tolerance)]
+            tau = AUTO if self.tau == AUTO else float(self.tau)
+            return [self.name, tau, int(self.iterations), float(self.tolerance)]
         if self.name == "trimmed_mean":
             return [self.name, float(self.trim)]
         return [self.name]
@@ -146,7 +160,8 @@ class Aggregator:
             return [0.0]
         p = torch.tensor([w / total for w in weights], dtype=torch.float64)
         if self.name == "centered_clip":
-            return centered_clip(rows, p, out, self.tau, self.iterations, self.tolerance)
+            tau = None if self.tau == AUTO else float(self.tau)
+            return centered_clip(rows, p, out, tau, self.iterations, self.tolerance)
         for lo in range(0, out.numel(), BLOCK_VALUES):
             hi = min(out.numel(), lo + BLOCK_VALUES)
             block = torch.stack([row[lo:hi] for row in rows])
@@ -163,9 +178,10 @@ def _number(value: object) -> bool:
 
 
 def centered_clip(rows: Sequence[torch.Tensor], p: torch.Tensor, out: torch.Tensor,
-                  tau: float, iterations: int, tolerance: float) -> list[float]:
+                  tau: float | None, iterations: int, tolerance: float) -> list[float]:
     """CenteredClip's fixed point of ``rows`` with normalised weights ``p``,
-    written into ``out``; each row's distance to it.
+    written into ``out``; each row's distance to it.  ``tau`` None: the
+    chunk's own radius, :func:`auto_tau`.
 
     The fixed point ``v = v + sum_i p_i min(1, tau / |x_i - v|) (x_i - v)``
     is the minimiser of the convex ``sum_i p_i huber_tau(|x_i - v|)``.  It is
@@ -207,6 +223,11 @@ def centered_clip(rows: Sequence[torch.Tensor], p: torch.Tensor, out: torch.Tens
     medoid = int(torch.argmin(distances @ p))
     beta = torch.zeros(n, dtype=torch.float64)
     beta[medoid] = 1.0
+    if tau is None:
+        tau = auto_tau(distances, p, medoid)
+    if tau <= 0:   # more than half of the weight holds the medoid's very values
+        out.copy_(rows[medoid])
+        return distances[medoid].tolist()
     limit = (tolerance * tau) ** 2
     for _ in range(iterations):
         squared = _squared_distances(gram, beta)
@@ -220,6 +241,30 @@ def centered_clip(rows: Sequence[torch.Tensor], p: torch.Tensor, out: torch.Tens
         if coefficient != 0.0:
             out.add_(row, alpha=coefficient)
     return torch.sqrt(_squared_distances(gram, beta)).tolist()
+
+
+def auto_tau(distances: torch.Tensor, p: torch.Tensor, medoid: int) -> float:
+    """The radius of ``tau="auto"``: AUTO_TAU_FACTOR times the weighted lower
+    median of the other rows' distances to the ``medoid`` (weights ``p``
+    renormalised over them), from the pairwise ``distances`` (float64).
+
+    While the rows of less than half of the others' weight lie elsewhere,
+    the median is the distance of an honest row: honest rows near the honest
+    mean are barely clipped, every other row is clipped to that radius.
+    With two rows it is their distance, so neither is clipped.
+    """
+    import torch
+
+    others = [i for i in range(len(p)) if i != medoid]
+    if not others:
+        return 0.0
+    radii = distances[medoid, others].to(torch.float64)
+    weights = p.to(torch.float64)[others]
+    order = torch.argsort(radii, stable=True)
+    cumulative = torch.cumsum(weights[order], dim=0) / weights.sum()
+    index = int(torch.searchsorted(cumulative, torch.tensor(0.5 - 1e-12, dtype=torch.float64)))
+    index = min(index, len(others) - 1)
+    return AUTO_TAU_FACTOR * float(radii[order[index]])
 
 
 def _squared_distances(gram: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:

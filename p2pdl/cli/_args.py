@@ -27,6 +27,7 @@ __all__ = [
     "positive_int",
     "peer_id_text",
     "run_id_text",
+    "tau_value",
 ]
 
 #: Where a peer listens unless told otherwise: a free port on every interface.
@@ -67,6 +68,17 @@ def positive_float(text: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
     return value
+
+
+def tau_value(text: str) -> float | str:
+    """CenteredClip's radius: a positive number, or ``auto``."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"must be a positive number or 'auto', "
+                                         f"got {text!r}") from None
 
 
 def non_negative_float(text: str) -> float:

@@ -52,6 +52,7 @@ from ._args import (
     positive_float,
     positive_int,
     run_id_text,
+    tau_value,
 )
 from ._format import cell, finite
 from ._runs import add_membership, closed, identity_path, peer_id_of_identity, plan_runs
@@ -140,9 +141,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="how reducers combine the copies of each chunk: mean (default) or a "
                         "robust rule; every peer of a run must use the same "
                         "(docs/allreduce.md, Robust aggregation)")
-    p.add_argument("--tau", type=positive_float, default=1.0,
-                   help="CenteredClip's clipping radius per chunk (--aggregator centered_clip; "
-                        "default 1.0)")
+    p.add_argument("--tau", type=tau_value, default=1.0,
+                   help="CenteredClip's clipping radius per chunk, or 'auto' for each chunk's "
+                        "own (--aggregator centered_clip; default 1.0)")
     p.add_argument("--clip-sent-norm", type=positive_float, default=None, metavar="NORM",
                    help="clip what this peer sends to a round to this total norm (default: "
                         "none)")

@@ -12,7 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pdl.averaging import Aggregator, Layout, PartReducer, get_codec
-from p2pdl.averaging._aggregators import centered_clip, centered_clip_reference
+from p2pdl.averaging._aggregators import (
+    AUTO_TAU_FACTOR,
+    centered_clip,
+    centered_clip_reference,
+)
 from p2pdl.errors import ConfigError
 from p2pdl.wire import TensorHeader
 
@@ -198,6 +202,51 @@ def test_centered_clip_keeps_the_result_near_the_honest_mean(name, size, bad):
     Aggregator("mean").aggregate(rows, weights, plain)
     if name not in ("alie",):  # ALIE's shift is small by design
         assert float((plain - truth).norm()) > bound
+
+
+@pytest.mark.parametrize("size,bad", [(4, 1), (8, 3)])
+@pytest.mark.parametrize("name", ATTACKS)
+def test_auto_tau_bounds_every_attack_without_tuning(name, size, bad):
+    """tau="auto" takes each chunk's radius from the contributors' own distances:
+    the same bound as a well-chosen tau, at any scale of the values."""
+    gen = torch.Generator().manual_seed(hash((name, size, "auto")) % 2**31)
+    for scale in (1e-4, 1.0, 1e3):   # no tau fits all three
+        honest = honest_rows(size - bad, gen) * scale
+        rows = torch.cat([attack(name, honest / scale, bad, gen) * scale, honest])
+        truth = honest.mean(dim=0)
+        spread = float(torch.cdist(honest, honest).max())   # the radius is at most this
+        robust = torch.empty(DIM)
+        Aggregator("centered_clip", tau="auto").aggregate(rows, [1.0] * size, robust)
+        assert torch.isfinite(robust).all()
+        error = float((robust - truth).norm())
+        assert error <= bad / (size - bad) * AUTO_TAU_FACTOR * spread * 1.01 + 1e-6 * scale
+        plain = torch.empty(DIM)
+        Aggregator("mean").aggregate(rows, [1.0] * size, plain)
+        if name != "alie":
+            assert error < float((plain - truth).norm())
+
+
+def test_auto_tau_leaves_honest_rows_alone():
+    gen = torch.Generator().manual_seed(11)
+    for count in (2, 3, 8):
+        honest = honest_rows(count, gen)
+        out, mean = torch.empty(DIM), honest.mean(dim=0)
+        Aggregator("centered_clip", tau="auto").aggregate(honest, [1.0] * count, out)
+        spread = float(torch.linalg.vector_norm(honest - mean, dim=1).max())
+        # two rows: neither is clipped (the mean); more: within a small part of the spread
+        assert float((out - mean).norm()) <= (1e-5 if count == 2 else 0.25) * spread
+    same = torch.ones(4, DIM)
+    out = torch.empty(DIM)
+    Aggregator("centered_clip", tau="auto").aggregate(same, [1.0] * 4, out)
+    assert torch.equal(out, same[0])
+
+
+def test_auto_tau_is_part_of_the_layout():
+    clip = Aggregator("centered_clip", tau="auto")
+    assert clip.describe() == ["centered_clip", "auto", 100, 1e-6]
+    assert clip.digest() != Aggregator("centered_clip").digest()
+    with pytest.raises(ConfigError, match="tau"):
+        Aggregator("centered_clip", tau="automatic")
 
 
 @pytest.mark.parametrize("name", ATTACKS)

@@ -34,7 +34,7 @@ import msgpack
 
 from ...errors import LocalProtocolError, RemoteProtocolError
 from ...wire import TensorHeader
-from .._aggregators import Aggregator
+from .._aggregators import AUTO, Aggregator
 from .._balancing import part_sizes
 from .._codecs import Codec, CodecPolicy, choose_codec, codec_from_header
 from ._messages import MAX_SEGMENTS, Segment
@@ -566,8 +566,8 @@ class PartReducer:
         typical = sorted(weights)[(len(weights) - 1) // 2]
         scaled = [d * math.sqrt(w / typical) for d, w in zip(distances, weights, strict=True)]
         reference = sorted(scaled)[(len(scaled) - 1) // 2]
-        if self.aggregator.name == "centered_clip":
-            reference = max(reference, self.aggregator.tau)
+        if self.aggregator.name == "centered_clip" and self.aggregator.tau != AUTO:
+            reference = max(reference, float(self.aggregator.tau))
         for member, distance in zip(members, scaled, strict=True):
             if member != self.me and distance > self.outlier_factor * reference:
                 ratio = distance / reference if reference > 0 else math.inf
