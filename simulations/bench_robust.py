@@ -23,9 +23,10 @@ aggregation rule, and what CenteredClip costs a round.  One JSON.
    column, ``centered_clip+momentum``, is CenteredClip with worker momentum
    (``OptimizerConfig.sent_momentum``): each peer sends its momentum
    ``m = 0.9 m + g`` and SGD steps on the aggregate without momentum of its
-   own (on honest peers alone it is the same optimizer).  A fourth,
-   ``centered_clip_auto``, is CenteredClip with ``tau="auto"`` (each
-   chunk's radius from its contributors' own distances: no tuning).  The first
+   own (on honest peers alone it is the same optimizer).  Two more,
+   ``centered_clip_auto`` and ``centered_clip_auto+momentum``, are the same
+   with ``tau="auto"`` (each chunk's radius from its contributors' own
+   distances: no tuning).  The first
    ``malicious`` peers (0, 1 or 3 of 8) replace their gradient with the
    attack and reduce no part (their plan share is 0: the bench measures
    what a sender's values do; a lying reducer is the verification's
@@ -271,7 +272,8 @@ def training_rows(args: argparse.Namespace) -> dict[str, Any]:
     clip = Aggregator("centered_clip", tau=args.tau)
     rules = {"mean": (Aggregator("mean"), False), "centered_clip": (clip, False),
              "centered_clip+momentum": (clip, True),
-             "centered_clip_auto": (Aggregator("centered_clip", tau="auto"), False)}
+             "centered_clip_auto": (Aggregator("centered_clip", tau="auto"), False),
+             "centered_clip_auto+momentum": (Aggregator("centered_clip", tau="auto"), True)}
     started = time.perf_counter()
     baseline, _, _ = train(task, args.peers, 0, "none", rules["mean"][0], args.steps,
                            args.batch)

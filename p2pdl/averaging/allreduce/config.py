@@ -75,12 +75,17 @@ class AllReduceConfig:
             counts for more than this many times the lower median of the
             positive weights in the chunk (after the evidence bound, before
             the share cap): a claim of more samples than the group's typical
-            member buys at most this factor, evidence or not, while fewer than
-            half of the contributors inflate theirs.  An honest peer that
-            really processed more than this many times the median's samples
-            loses the excess weight (its values still count, at this
-            factor).  None: no such cap.  The weighted mean ignores it (it
-            weighs by samples, for trusted clusters).  Default 2 (>= 1).
+            member buys nothing beyond this factor, evidence or not, while
+            fewer than half of the contributors inflate theirs.  With a
+            ratio ``r`` a share ``f`` of inflating contributors holds at most
+            ``f r / (f r + 1 - f)`` of the weight, below one half only while
+            ``f < 1 / (1 + r)``: at 1 the robust rules keep their breakdown
+            point of one half (at 2, three inflaters of eight held 6/11 and
+            training diverged under every rule).  An honest peer that really
+            processed more than the median's samples counts as the median
+            (its values still count).  None: no such cap.  The weighted mean
+            ignores it (it weighs by samples, for trusted clusters).
+            Default 1 (>= 1).
         max_weight_share: in a chunk with at least 3 contributors of
             positive weight, no contributor's weight counts for more than
             this share of the chunk's total (each above it is lowered until
@@ -119,7 +124,7 @@ class AllReduceConfig:
     weight_slack: float = 0.25
     weight_slack_samples: float = 0
     max_weight_share: float = 0.5
-    max_weight_ratio: float | None = 2.0
+    max_weight_ratio: float | None = 1.0
     max_chunks_ahead: int = 2
     aggregator: Aggregator = dataclasses.field(default_factory=lambda: Aggregator())
     outlier_factor: float | None = 10.0
