@@ -297,7 +297,8 @@ def test_matchmaking_definitions_match_the_code():
     for field in dataclasses.fields(MatchmakingConfig):
         assert number(rows[field.name]) == getattr(defaults, field.name), field.name
     for name in ("REPLY_MARGIN", "JOIN_SLACK", "MAX_RECENT_ROUNDS", "GATHER_FRACTION",
-                 "JOIN_WINDOW_FRACTION"):
+                 "JOIN_WINDOW_FRACTION", "INTRODUCE_WAIT", "UNRESPONSIVE_TTL",
+                 "MAX_UNRESPONSIVE"):
         assert abs(number(rows[name]) - getattr(mm_service, name)) < 1e-3, name
     assert number(rows["FRACTION_TOLERANCE"]) == mm_state.FRACTION_TOLERANCE
 

@@ -93,6 +93,7 @@ class MembershipStatistics(Statistics):
     revocation_refreshes: int = 0
     refused: int = 0
     refused_monitors: int = 0
+    handshakes_slow: int = 0
 
 
 COUNTERS = MembershipStatistics.counter_names()
@@ -126,6 +127,9 @@ class MembershipService:
         self._introduced: collections.OrderedDict[tuple[ID, str], None] = (
             collections.OrderedDict())
         self._pending: dict[tuple[ID, str], trio.Event] = {}
+        # (peer, run) -> until when its introduction is not tried again (it was slow)
+        self._unanswered: collections.OrderedDict[tuple[ID, str], float] = (
+            collections.OrderedDict())
         self._fetching: set[str] = set()
         self._nursery: trio.Nursery | None = None
         self._counters = self._table.counters
@@ -234,18 +238,40 @@ class MembershipService:
         if key in self._introduced and self._host.is_connected(peer):
             self._introduced.move_to_end(key)
             return
+        if self._unanswering(key):
+            return
         pending = self._pending.get(key)
         if pending is not None:
             with trio.move_on_after(self._config.handshake_timeout):
                 await pending.wait()
             return
         pending = self._pending[key] = trio.Event()
+        started = trio.current_time()
         try:
             with trio.move_on_after(self._config.handshake_timeout):
                 await self._handshake(peer, run_id)
         finally:
             del self._pending[key]
             pending.set()
+            if key not in self._introduced and \
+                    trio.current_time() - started >= self._config.slow_handshake:
+                # Timed out, or its caller gave up on it: not asked again for a while.
+                self._counters["handshakes_slow"] += 1
+                self._unanswered[key] = trio.current_time() + self._config.unanswered_ttl
+                self._unanswered.move_to_end(key)
+                while len(self._unanswered) > self._config.max_introductions:
+                    self._unanswered.popitem(last=False)
+
+    def _unanswering(self, key: tuple[ID, str]) -> bool:
+        """Whether ``key``'s peer did not answer a handshake within
+        ``slow_handshake`` less than ``unanswered_ttl`` ago."""
+        until = self._unanswered.get(key)
+        if until is None:
+            return False
+        if until > trio.current_time():
+            return True
+        del self._unanswered[key]
+        return False
 
     async def _handshake(self, peer: ID, run_id: str) -> None:
         key = (peer, run_id)

@@ -54,6 +54,14 @@ class MembershipConfig:
         revocation_ttl: lifetime of a revocation list stored in the DHT; members
             that hold the newest list store it again when the DHT lacks it.
             Default 86400 s (the DHT's ``max_ttl``).
+        slow_handshake: a handshake that has not ended this long after it
+            started (it timed out, or its caller gave up) marks the peer as
+            unanswering for the run.  Default 2 s.
+        unanswered_ttl: an unanswering peer is not introduced to again for
+            this long: ``introduce`` returns at once and the peer stays no
+            member, so a peer that answers handshakes slowly (an outsider
+            announced under a closed run's keys) costs one wait, not one per
+            request.  Default 60 s.
     """
 
     revocation_interval: float = 60.0
@@ -64,9 +72,12 @@ class MembershipConfig:
     max_introductions: int = 4096
     max_concurrent_fetches: int = 4
     revocation_ttl: float = 86400.0
+    slow_handshake: float = 2.0
+    unanswered_ttl: float = 60.0
 
     def __post_init__(self) -> None:
-        for name in ("revocation_interval", "handshake_timeout", "revocation_ttl"):
+        for name in ("revocation_interval", "handshake_timeout", "revocation_ttl",
+                     "slow_handshake", "unanswered_ttl"):
             value = getattr(self, name)
             if not service.is_positive(value):
                 raise ConfigError(f"MembershipConfig.{name} must be a positive number of "

@@ -375,3 +375,98 @@ async def test_a_gate_of_ones_own_is_asked_before_the_membership():
                 await who.call(server.peer_id, PROGRESS_PROTOCOL, Push(run_id, ()), timeout=10)
             assert refused.value.code == NOT_ADMITTED
         assert server.statistics().admission.refused == 2
+
+
+async def test_an_outsider_announced_under_the_run_key_delays_no_round(monkeypatch,
+                                                                         autojump_clock):
+    """An uninvited peer announces itself under the run's matchmaking key (its own
+    DHT node keeps the entry) and answers handshakes only after a long wait.
+    The members leave its entry out of their views (no plan names it, nobody
+    waits on it) and stop introducing themselves to it: every round forms with
+    the three members."""
+    from p2pdl.membership import MembershipService
+
+    original = MembershipService.handle
+
+    async def handle(self, ctx, request):
+        if getattr(self, "slow", False):
+            await trio.sleep(1000)
+        return await original(self, ctx, request)
+
+    monkeypatch.setattr(MembershipService, "handle", handle)
+    authority = Authority.generate()
+    async with open_memory_nodes(4) as nodes:
+        await wait_for_dht(nodes)
+        members, outsider = nodes[:3], nodes[3]
+        enrol(members, authority)
+        outsider.membership.slow = True
+        for epoch in range(1, 4):
+            await outsider.dht.announce(round_key(RUN, epoch), outsider.dht.now() + 300)
+        took = []
+        for epoch in range(1, 4):
+            results, groups = {}, {}
+            start = trio.current_time()
+
+            async def one(i, epoch=epoch, results=results, groups=groups):
+                try:
+                    results[i] = await average_round(
+                        members[i].matchmaking, members[i].averaging, RUN, epoch,
+                        [torch.full((100,), float(i))], weight=1.0, target_group_size=4,
+                        matchmaking_time=10.0, on_group=lambda g: groups.setdefault(i, g))
+                except MatchmakingFailedError as exc:
+                    results[i] = exc
+
+            async with trio.open_nursery() as nursery:
+                for i in range(3):
+                    nursery.start_soon(one, i)
+            took.append(trio.current_time() - start)
+            for i in range(3):
+                assert not isinstance(results[i], Exception), results[i]
+                assert set(groups[i].peer_ids) == {n.peer_id for n in members}
+        # The outsider's entry was seen and left out.  Its slow handshake cost the
+        # first round one DHT query (query_timeout, 5 s); then it is not asked
+        # again for unanswered_ttl, and rounds take what they take without it.
+        assert all(n.matchmaking.statistics()["non_members_ignored"] >= 1 for n in members)
+        assert all(n.membership.statistics()["handshakes_slow"] >= 1 for n in members)
+        assert took[0] < 10.0 and max(took[1:]) <= 1.0, took
+
+
+async def test_a_peer_that_answers_handshakes_slowly_is_waited_for_once_per_ttl(
+        monkeypatch, autojump_clock):
+    from p2pdl.membership import MembershipService
+
+    original = MembershipService.handle
+
+    async def handle(self, ctx, request):
+        if getattr(self, "slow", False):
+            await trio.sleep(1000)
+        return await original(self, ctx, request)
+
+    monkeypatch.setattr(MembershipService, "handle", handle)
+    authority = Authority.generate()
+    async with open_memory_nodes(2) as (member, slow):
+        enrol([member], authority)
+        slow.membership.slow = True
+        config = member.membership.config
+
+        async def introduce():
+            start = trio.current_time()
+            await member.membership.introduce(slow.peer_id, RUN)
+            return trio.current_time() - start
+
+        assert await introduce() == pytest.approx(config.handshake_timeout)
+        assert member.membership.statistics()["handshakes_slow"] == 1
+        assert await introduce() == 0          # unanswering: not asked again
+        assert not member.membership.is_member(slow.peer_id, RUN)
+        # a caller that gives up before handshake_timeout marks it too
+        await trio.sleep(config.unanswered_ttl)
+        with trio.move_on_after(config.slow_handshake + 0.5):
+            await introduce()
+        assert member.membership.statistics()["handshakes_slow"] == 2
+        assert await introduce() == 0
+        # once the ttl is over, it is asked again
+        await trio.sleep(config.unanswered_ttl)
+        slow.membership.slow = False
+        enrol([slow], authority)
+        await introduce()
+        assert member.membership.is_member(slow.peer_id, RUN)

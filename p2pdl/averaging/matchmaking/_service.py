@@ -77,7 +77,8 @@ from .config import (
 
 __all__ = ["MatchmakingService", "MatchmakingStatistics", "round_key", "run_of_round_key",
            "REPLY_MARGIN", "JOIN_SLACK",
-           "MAX_RECENT_ROUNDS", "GATHER_FRACTION", "JOIN_WINDOW_FRACTION"]
+           "MAX_RECENT_ROUNDS", "GATHER_FRACTION", "JOIN_WINDOW_FRACTION", "INTRODUCE_WAIT",
+           "UNRESPONSIVE_TTL", "MAX_UNRESPONSIVE"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +96,15 @@ MAX_RECENT_ROUNDS = 64
 GATHER_FRACTION = 0.1
 #: At most this fraction of matchmaking_time is one leader's join window.
 JOIN_WINDOW_FRACTION = 1 / 3
+#: In a run that checks membership, the entries of peers not yet known as
+#: averaging members are introduced to at once, all together, for at most
+#: this long (s); those still unknown then are left out of the view.
+INTRODUCE_WAIT = 1.0
+#: A peer left out so because it did not answer in time is left out of the
+#: run's views without a new wait for this long (s)...
+UNRESPONSIVE_TTL = 60.0
+#: ...and at most this many such peers are remembered (the oldest go first).
+MAX_UNRESPONSIVE = 256
 
 
 
@@ -106,7 +116,9 @@ class MatchmakingStatistics(Statistics):
     unreachable, gone or silent); ``bad_answers``, answers that failed the checks
     (a group with a member that may not average among them);
     ``non_members_skipped``, leaders not joined because they are no averaging
-    members of the run; ``late_members_awaited``, groups whose leader, about to
+    members of the run; ``non_members_ignored``, entries of a round's view
+    left out because their peer is no averaging member of the run (or did not
+    show it within INTRODUCE_WAIT); ``late_members_awaited``, groups whose leader, about to
     finalize early, saw peers that announced since it planned and waited for them."""
 
     active_rounds: int
@@ -122,6 +134,7 @@ class MatchmakingStatistics(Statistics):
     joins_accepted: int = 0
     joins_refused: int = 0
     non_members_skipped: int = 0
+    non_members_ignored: int = 0
     view_fetches: int = 0
     late_members_awaited: int = 0
 
@@ -202,6 +215,9 @@ class MatchmakingService:
         self._recent: collections.OrderedDict[tuple[str, int], str] = collections.OrderedDict()
         self._held = 0
         self._counters: collections.Counter[str] = collections.Counter()
+        # (peer, run) -> until when its entries are left out without a new wait
+        self._unresponsive: collections.OrderedDict[tuple[ID, str], float] = (
+            collections.OrderedDict())
 
     @property
     def config(self) -> MatchmakingConfig:
@@ -350,7 +366,7 @@ class MatchmakingService:
         if not await self._dht.announce(name, expiration):
             logger.debug("matchmaking %s: no DHT node holds our announcement", name)
         await trio.sleep(params.gather_time)
-        view = await self._fetch_view(name, me)
+        view = await self._fetch_view(name, me, round_.run_id)
         logger.debug("matchmaking %s: view of %d peers", name, len(view))
         fetches = 1
         excluded: set[ID] = set()
@@ -366,7 +382,7 @@ class MatchmakingService:
                 while choice is None and not grown and fetches < self._config.max_view_fetches:
                     # Nobody left to ask: perhaps peers announced since we looked.
                     await trio.sleep(params.gather_time)
-                    fresh = await self._fetch_view(name, me)
+                    fresh = await self._fetch_view(name, me, round_.run_id)
                     fetches += 1
                     grown = bool(fresh.keys() - view.keys())
                     view.update(fresh)
@@ -397,11 +413,44 @@ class MatchmakingService:
                 if planned is not None:
                     closed.add(planned.leader)
 
-    async def _fetch_view(self, name: str, me: GroupMemberInfo) -> dict[ID, GroupMemberInfo]:
+    async def _fetch_view(self, name: str, me: GroupMemberInfo, run_id: str
+                          ) -> dict[ID, GroupMemberInfo]:
+        """The peers announced under ``name``, less those that are no averaging
+        members of ``run_id`` (:meth:`_members_only`)."""
         self._counters["view_fetches"] += 1
         peers: list[GroupPeer] = await self._dht.find_peers(name)
         view = {p.peer_id: GroupMemberInfo(p.peer_id, p.client_mode) for p in peers}
         view[me.peer_id] = me  # our own entry may not have reached the DHT (yet)
+        return await self._members_only(view, me.peer_id, run_id)
+
+    async def _members_only(self, view: dict[ID, GroupMemberInfo], me: ID, run_id: str
+                            ) -> dict[ID, GroupMemberInfo]:
+        """Leave out of ``view`` the peers that may not average in ``run_id``,
+        before anyone plans with them or waits on them: the peers not yet known
+        are introduced to all at once, for at most INTRODUCE_WAIT; a peer that
+        did not answer by then is left out of the run's views for
+        UNRESPONSIVE_TTL without a new wait (an outsider announced under the
+        run's key that answers slowly delays one fetch, not every round)."""
+        now = trio.current_time()
+        for key in [k for k, until in self._unresponsive.items() if until <= now]:
+            del self._unresponsive[key]
+        unknown = [p for p in view if p != me and not self._averages(p, run_id)]
+        asked = [p for p in unknown if (p, run_id) not in self._unresponsive]
+        if asked:
+            with trio.move_on_after(INTRODUCE_WAIT):
+                async with trio.open_nursery() as nursery:
+                    for peer in asked:
+                        nursery.start_soon(self._introduce, peer, run_id)
+        for peer in unknown:
+            if self._averages(peer, run_id):
+                continue
+            del view[peer]
+            self._counters["non_members_ignored"] += 1
+            if peer in asked:
+                self._unresponsive[(peer, run_id)] = now + UNRESPONSIVE_TTL
+                self._unresponsive.move_to_end((peer, run_id))
+        while len(self._unresponsive) > MAX_UNRESPONSIVE:
+            self._unresponsive.popitem(last=False)
         return view
 
     async def _lead(self, session: _Session, expected: frozenset[ID] | None, params: _Params,
@@ -428,7 +477,7 @@ class MatchmakingService:
             name, seen = recheck
             recheck = None
             with trio.move_on_at(finalize_at):
-                fresh = await self._fetch_view(name, round_.me)
+                fresh = await self._fetch_view(name, round_.me, round_.run_id)
                 late = late_members(round_.run_id, round_.epoch, round_.me.peer_id, seen,
                                     fresh.values(), params.target_group_size)
                 late = frozenset(p for p in late if self._averages(p, round_.run_id))
