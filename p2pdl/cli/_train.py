@@ -141,9 +141,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="how reducers combine the copies of each chunk: mean (default) or a "
                         "robust rule; every peer of a run must use the same "
                         "(docs/allreduce.md, Robust aggregation)")
-    p.add_argument("--tau", type=tau_value, default=1.0,
-                   help="CenteredClip's clipping radius per chunk, or 'auto' for each chunk's "
-                        "own (--aggregator centered_clip; default 1.0)")
+    p.add_argument("--tau", type=tau_value, default="auto",
+                   help="CenteredClip's clipping radius per chunk, or 'auto' (the default): "
+                        "each chunk's own, from its contributors' distances "
+                        "(--aggregator centered_clip)")
     p.add_argument("--clip-sent-norm", type=positive_float, default=None, metavar="NORM",
                    help="clip what this peer sends to a round to this total norm (default: "
                         "none)")
