@@ -377,13 +377,9 @@ async def test_a_gate_of_ones_own_is_asked_before_the_membership():
         assert server.statistics().admission.refused == 2
 
 
-async def test_an_outsider_announced_under_the_run_key_delays_no_round(monkeypatch,
-                                                                         autojump_clock):
-    """An uninvited peer announces itself under the run's matchmaking key (its own
-    DHT node keeps the entry) and answers handshakes only after a long wait.
-    The members leave its entry out of their views (no plan names it, nobody
-    waits on it) and stop introducing themselves to it: every round forms with
-    the three members."""
+def slow_handshakes(monkeypatch):
+    """A node whose ``membership.slow`` is set answers membership requests only
+    after a long wait (an outsider that stalls the handshakes)."""
     from p2pdl.membership import MembershipService
 
     original = MembershipService.handle
@@ -394,6 +390,16 @@ async def test_an_outsider_announced_under_the_run_key_delays_no_round(monkeypat
         return await original(self, ctx, request)
 
     monkeypatch.setattr(MembershipService, "handle", handle)
+
+
+async def test_an_outsider_announced_under_the_run_key_delays_no_round(monkeypatch,
+                                                                         autojump_clock):
+    """An uninvited peer announces itself under the run's matchmaking key (its own
+    DHT node keeps the entry) and answers handshakes only after a long wait.
+    The members leave its entry out of their views (no plan names it, nobody
+    waits on it) and stop introducing themselves to it: every round forms with
+    the three members."""
+    slow_handshakes(monkeypatch)
     authority = Authority.generate()
     async with open_memory_nodes(4) as nodes:
         await wait_for_dht(nodes)
@@ -433,16 +439,7 @@ async def test_an_outsider_announced_under_the_run_key_delays_no_round(monkeypat
 
 async def test_a_peer_that_answers_handshakes_slowly_is_waited_for_once_per_ttl(
         monkeypatch, autojump_clock):
-    from p2pdl.membership import MembershipService
-
-    original = MembershipService.handle
-
-    async def handle(self, ctx, request):
-        if getattr(self, "slow", False):
-            await trio.sleep(1000)
-        return await original(self, ctx, request)
-
-    monkeypatch.setattr(MembershipService, "handle", handle)
+    slow_handshakes(monkeypatch)
     authority = Authority.generate()
     async with open_memory_nodes(2) as (member, slow):
         enrol([member], authority)

@@ -521,16 +521,11 @@ def test_a_group_that_left_out_peers_seen_at_the_epoch_makes_the_peer_compare_st
     opt.close()
 
 
-@pytest.mark.parametrize("gone", [False, True])
-def test_a_member_gone_after_a_complete_round_makes_the_peer_compare_states(gone):
-    """It may have died while sending its part's results: some members got them, others
-    did not.  This one got every part; it checks anyway."""
-    node = FakeNode()
+def step_one_complete_round(node, future):
+    """An optimizer on ``node`` whose one step averages in ``future``'s round (the
+    values come back as sent): the opt, after that step."""
     node.tracker.view = [fake_progress(0, ready=True)]
     opt, model = offline(node)
-    future = done_round(3)
-    members = [m.peer_id for m in future.result().group.members]
-    node.connected_peers = lambda: members[1:] if gone else members
 
     def averaged_in_place(run_id, epoch, tensors, **kw):
         future.result().tensors = tensors
@@ -539,6 +534,18 @@ def test_a_member_gone_after_a_complete_round_makes_the_peer_compare_states(gone
     node.averaging.start_round = averaged_in_place
     model.weight.grad = torch.tensor([[1.0, -1.0]])
     assert opt.step() and opt.last_round.outcome == "averaged"
+    return opt
+
+
+@pytest.mark.parametrize("gone", [False, True])
+def test_a_member_gone_after_a_complete_round_makes_the_peer_compare_states(gone):
+    """It may have died while sending its part's results: some members got them, others
+    did not.  This one got every part; it checks anyway."""
+    node = FakeNode()
+    future = done_round(3)
+    members = [m.peer_id for m in future.result().group.members]
+    node.connected_peers = lambda: members[1:] if gone else members
+    opt = step_one_complete_round(node, future)
     assert opt.state_keeper.suspect is gone
     opt.close()
 
@@ -549,18 +556,9 @@ def test_a_part_another_member_lacks_makes_the_peer_compare_states(disputed):
     (the all-reduce's post-round exchange): this peer got it, so the two hold
     different states; it checks before its next round."""
     node = FakeNode()
-    node.tracker.view = [fake_progress(0, ready=True)]
-    opt, model = offline(node)
     future = done_round(3)
     future.result().disputed = disputed
-
-    def averaged_in_place(run_id, epoch, tensors, **kw):
-        future.result().tensors = tensors
-        return future
-
-    node.averaging.start_round = averaged_in_place
-    model.weight.grad = torch.tensor([[1.0, -1.0]])
-    assert opt.step() and opt.last_round.outcome == "averaged"
+    opt = step_one_complete_round(node, future)
     assert opt.state_keeper.suspect is bool(disputed)
     opt.close()
 
