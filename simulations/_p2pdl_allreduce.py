@@ -11,12 +11,15 @@ of the group of all N peers in rank order, with id SHA-256("bench-allreduce/<r>"
 go to the averaged tensors in hand.  Codec ``none`` sends every tensor as
 float32; ``fp16`` sends tensors of at least 65536 values in fp16 and the
 smaller ones exact (the default ``CodecPolicy``).  ``--aggregator`` (default
-``mean``) picks the reducers' rule (bench_robust.py times ``centered_clip``;
-its results are then not the weighted mean the check compares with).
+``mean``) picks the reducers' rule, alone, with no verification; ``default``
+is what ``AllReduceConfig()`` does: CenteredClip with ``tau="auto"`` and
+verification (bench_robust.py times it; its results are then not the
+weighted mean the check compares with).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import time
@@ -32,8 +35,10 @@ from simulations._allreduce_common import Worker, log
 
 async def run(worker: Worker) -> None:
     config = AllReduceConfig(codecs=CodecPolicy(large=worker.codec),
-                             averaging_timeout=min(120.0, max(1.0, worker.left())),
-                             aggregator=Aggregator(worker.aggregator))
+                             averaging_timeout=min(120.0, max(1.0, worker.left())))
+    if worker.aggregator != "default":   # a rule alone, unverified
+        config = dataclasses.replace(config, aggregator=Aggregator(worker.aggregator),
+                                     verify=False)
     async with p2pdl.open_node(loopback_config()) as node:
         infos = await trio.to_thread.run_sync(
             worker.exchange, {"addr": f"{node.addrs[0]}/p2p/{node.peer_id}"})

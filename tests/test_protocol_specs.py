@@ -354,6 +354,13 @@ def test_allreduce_definitions_match_the_code():
         assert number(rows[name]) == getattr(ar_config, name), name
     assert number(rows["LAYOUT_VERSION"]) == ar_state.LAYOUT_VERSION
     assert number(rows["MIN_CAPPED_CONTRIBUTORS"]) == ar_state.MIN_CAPPED_CONTRIBUTORS
+    assert number(rows["MIN_OUTLIER_VALUES"]) == ar_state.MIN_OUTLIER_VALUES
+    from p2pdl.averaging.allreduce import _verify as ar_verify
+    for name in ("SKETCH_BUCKETS", "NORM_SLACK", "NONCE_SIZE", "TAU_SLACK", "RESIDUAL_SLACK",
+                 "FLOAT32_ULPS"):
+        assert number(rows[name]) == getattr(ar_verify, name), name
+    assert number(rows["RESULT_DIGEST_SIZE"]) == ar_messages.RESULT_DIGEST_SIZE
+    assert float(rows["MAX_TAU"].split()[0]) == ar_messages.MAX_TAU
     from p2pdl.averaging._aggregators import AUTO_TAU_FACTOR
     assert number(rows["AUTO_TAU_FACTOR"]) == AUTO_TAU_FACTOR
     for name in ("DONE_LINGER", "MAX_RECENT_GROUPS", "LIVENESS_POLL", "HAVE_GRACE"):
@@ -366,10 +373,14 @@ def test_allreduce_definitions_match_the_code():
             continue
         if field.name == "aggregator":
             rule = defaults.aggregator
-            assert rule.name == "mean" and rows["aggregator"].startswith("mean")
-            for name in ("tau", "iterations", "tolerance", "trim"):
+            assert rule.name == "centered_clip" and rule.tau == "auto"
+            assert rows["aggregator"].startswith("centered_clip with tau auto")
+            for name in ("iterations", "tolerance"):
                 found = re.search(rf"{name} ([0-9.e-]+)", rows["aggregator"])
                 assert found and float(found.group(1)) == getattr(rule, name), name
+            continue
+        if field.name == "verify":
+            assert rows["verify"].startswith(str(defaults.verify).lower())
             continue
         assert number(rows[field.name]) == getattr(defaults, field.name), field.name
 
@@ -378,7 +389,8 @@ def test_allreduce_messages_codes_and_layout_match_the_code():
     text = spec("allreduce.md")
     messages = section(text, "Messages")
     for message in (ar_messages.Begin, ar_messages.Done, ar_messages.Reject,
-                    ar_messages.Segment, ar_messages.Have):
+                    ar_messages.Segment, ar_messages.Have, ar_messages.Check,
+                    ar_messages.PartCheck):
         assert f"`{message.TAG}`" in messages, message.TAG
         for field in dataclasses.fields(message):
             assert f"| `{field.name}` |" in messages, (message.TAG, field.name)

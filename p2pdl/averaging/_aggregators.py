@@ -16,8 +16,8 @@ share cap) and returns one row.  Four rules:
   it is within ``(p_bad / p_honest) * tau`` of the honest (weighted) mean.
   ``tau="auto"`` takes the radius from each chunk's own contributors:
   AUTO_TAU_FACTOR times the weighted lower median of their distances to the
-  weighted medoid (:func:`auto_tau`), which a minority cannot move outside
-  the honest distances.
+  weighted medoid, the medoid's own counted as 0 (:func:`auto_tau`), which a
+  minority cannot move outside the honest distances.
 * ``trimmed_mean`` -- per coordinate, the weighted mean of the values that
   remain once a ``trim`` share of the total weight is cut from each end.
 * ``median`` -- the weighted coordinate-wise (lower) median.
@@ -72,7 +72,8 @@ class Aggregator:
             values (the Euclidean norm of one chunk's difference), or
             ``"auto"``: each chunk's own, AUTO_TAU_FACTOR times the weighted
             lower median of its contributors' distances to their weighted
-            medoid (:func:`auto_tau`), so no tuning per model.  Default 1.0
+            medoid, the medoid's own (0) included (:func:`auto_tau`), so no
+            tuning per model.  Default 1.0
             (BTARD's ALBERT runs); a number must be chosen near the norm of
             honest differences, or gradients clipped in the Optimizer
             (``OptimizerConfig.clip_norm``) so that it is.
@@ -132,11 +133,13 @@ class Aggregator:
         return hashlib.sha256(msgpack.packb(["p2pdl/aggregator/1", self.describe()])).digest()
 
     def aggregate(self, rows: Sequence[torch.Tensor], weights: Sequence[float],
-                  out: torch.Tensor) -> list[float] | None:
+                  out: torch.Tensor, radii: list[float] | None = None) -> list[float] | None:
         """Write the aggregate of ``rows`` (one 1-D float32 tensor per
         contributor, or a matrix of them) with positive ``weights`` into
         ``out``.  Returns each row's distance to the result (the Euclidean
         norm of ``row - out``) for the robust rules, None for the mean.
+        Under CenteredClip the radius used (``tau``, or the chunk's own with
+        ``"auto"``; 0 for a single row) is appended to ``radii`` if given.
 
         The rows are read in blocks of BLOCK_VALUES columns, so beyond them
         only ``O(rows x BLOCK_VALUES)`` is allocated.
@@ -157,11 +160,13 @@ class Aggregator:
             return None
         if n == 1:
             out.copy_(rows[0])
+            if radii is not None and self.name == "centered_clip":
+                radii.append(0.0 if self.tau == AUTO else float(self.tau))
             return [0.0]
         p = torch.tensor([w / total for w in weights], dtype=torch.float64)
         if self.name == "centered_clip":
             tau = None if self.tau == AUTO else float(self.tau)
-            return centered_clip(rows, p, out, tau, self.iterations, self.tolerance)
+            return centered_clip(rows, p, out, tau, self.iterations, self.tolerance, radii)
         for lo in range(0, out.numel(), BLOCK_VALUES):
             hi = min(out.numel(), lo + BLOCK_VALUES)
             block = torch.stack([row[lo:hi] for row in rows])
@@ -178,10 +183,12 @@ def _number(value: object) -> bool:
 
 
 def centered_clip(rows: Sequence[torch.Tensor], p: torch.Tensor, out: torch.Tensor,
-                  tau: float | None, iterations: int, tolerance: float) -> list[float]:
+                  tau: float | None, iterations: int, tolerance: float,
+                  radii: list[float] | None = None) -> list[float]:
     """CenteredClip's fixed point of ``rows`` with normalised weights ``p``,
     written into ``out``; each row's distance to it.  ``tau`` None: the
-    chunk's own radius, :func:`auto_tau`.
+    chunk's own radius, :func:`auto_tau`.  The radius used is appended to
+    ``radii`` if given.
 
     The fixed point ``v = v + sum_i p_i min(1, tau / |x_i - v|) (x_i - v)``
     is the minimiser of the convex ``sum_i p_i huber_tau(|x_i - v|)``.  It is
@@ -225,6 +232,8 @@ def centered_clip(rows: Sequence[torch.Tensor], p: torch.Tensor, out: torch.Tens
     beta[medoid] = 1.0
     if tau is None:
         tau = auto_tau(distances, p, medoid)
+    if radii is not None:
+        radii.append(tau)
     if tau <= 0:   # more than half of the weight holds the medoid's very values
         out.copy_(rows[medoid])
         return distances[medoid].tolist()
@@ -245,25 +254,33 @@ def centered_clip(rows: Sequence[torch.Tensor], p: torch.Tensor, out: torch.Tens
 
 def auto_tau(distances: torch.Tensor, p: torch.Tensor, medoid: int) -> float:
     """The radius of ``tau="auto"``: AUTO_TAU_FACTOR times the weighted lower
-    median of the other rows' distances to the ``medoid`` (weights ``p``
-    renormalised over them), from the pairwise ``distances`` (float64).
+    median of the rows' distances to the ``medoid`` (weights ``p``), the
+    medoid itself counted at distance 0 with its weight, from the pairwise
+    ``distances`` (float64).  With two rows it is their distance, so neither
+    is clipped (their weighted mean).
 
-    While the rows of less than half of the others' weight lie elsewhere,
-    the median is the distance of an honest row: honest rows near the honest
+    While the rows of less than half of the weight lie elsewhere, the median
+    is the distance of an honest row (or 0): honest rows near the honest
     mean are barely clipped, every other row is clipped to that radius.
-    With two rows it is their distance, so neither is clipped.
+    (Leaving the medoid out would let a malicious row of one third of three
+    rows' weight, heavier than the third, set the radius to its own
+    distance.)
     """
     import torch
 
-    others = [i for i in range(len(p)) if i != medoid]
+    n = len(p)
+    others = [i for i in range(n) if i != medoid]
     if not others:
         return 0.0
-    radii = distances[medoid, others].to(torch.float64)
-    weights = p.to(torch.float64)[others]
+    if n == 2:
+        return AUTO_TAU_FACTOR * float(distances[medoid, others[0]])
+    radii = distances[medoid].to(torch.float64).clone()
+    radii[medoid] = 0.0
+    weights = p.to(torch.float64)
     order = torch.argsort(radii, stable=True)
     cumulative = torch.cumsum(weights[order], dim=0) / weights.sum()
     index = int(torch.searchsorted(cumulative, torch.tensor(0.5 - 1e-12, dtype=torch.float64)))
-    index = min(index, len(others) - 1)
+    index = min(index, n - 1)
     return AUTO_TAU_FACTOR * float(radii[order[index]])
 
 

@@ -137,10 +137,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "alone)")
     p.add_argument("--bandwidth", type=positive_float, default=None, metavar="MBIT_S",
                    help="this peer's bandwidth in Mbit/s, for the load plan (default: unknown)")
-    p.add_argument("--aggregator", choices=list(AGGREGATORS), default="mean",
-                   help="how reducers combine the copies of each chunk: mean (default) or a "
-                        "robust rule; every peer of a run must use the same "
-                        "(docs/allreduce.md, Robust aggregation)")
+    p.add_argument("--aggregator", choices=list(AGGREGATORS), default="centered_clip",
+                   help="how reducers combine the copies of each chunk: centered_clip (the "
+                        "default, robust to a malicious minority), mean (exact, for peers "
+                        "that trust each other) or another robust rule; every peer of a run "
+                        "must use the same (docs/allreduce.md, Robust aggregation)")
     p.add_argument("--tau", type=tau_value, default="auto",
                    help="CenteredClip's clipping radius per chunk, or 'auto' (the default): "
                         "each chunk's own, from its contributors' distances "
@@ -365,9 +366,9 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
             options["bandwidth"] = args.bandwidth * 1e6 / 8
         if args.checkpoint_dir is not None:
             options["checkpoint_dir"] = args.checkpoint_dir
-        if args.aggregator != "mean":
-            options["allreduce"] = dataclasses.replace(
-                config.allreduce, aggregator=Aggregator(args.aggregator, tau=args.tau))
+        options["allreduce"] = dataclasses.replace(
+            config.allreduce, aggregator=Aggregator(args.aggregator, tau=args.tau)
+            if args.aggregator == "centered_clip" else Aggregator(args.aggregator))
         if args.clip_sent_norm is not None:
             options["clip_sent_norm"] = args.clip_sent_norm
         opt = Optimizer(node=node, run_id=args.run_id,

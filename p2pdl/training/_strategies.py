@@ -24,7 +24,8 @@ import torch
 from ..errors import ConfigError
 from .config import ON_FAILURE, OptimizerConfig
 
-__all__ = ["Strategy", "DeDLOCStrategy", "DiLoCoStrategy", "make_strategy", "check_like"]
+__all__ = ["Strategy", "DeDLOCStrategy", "DiLoCoStrategy", "make_strategy", "check_like",
+           "AUTO_MOMENTUM", "take_over_momentum"]
 
 
 class Strategy(Protocol):
@@ -72,17 +73,24 @@ class DeDLOCStrategy:
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], *,
                  clip_grad_norm: float | None = None, on_failure: str = "local",
-                 sent_momentum: float | None = None) -> None:
+                 sent_momentum: float | str | None = None) -> None:
         _check_on_failure(on_failure)
         self._optimizer = optimizer
         self._params = list(params)
         self._clip_grad_norm = clip_grad_norm
         self._on_failure = on_failure
-        self._sent_momentum = sent_momentum
+        #: "sgd" or "adam" when the wrapped optimizer's momentum was taken over
+        #: (``sent_momentum="auto"``), else None
+        self.taken_over: str | None = None
+        if sent_momentum == AUTO_MOMENTUM:
+            self.taken_over, sent_momentum = take_over_momentum(optimizer)
+        self._sent_momentum: float | None = sent_momentum  # type: ignore[assignment]
         self.accumulators: list[torch.Tensor] | None = None
         #: this peer's own momentum of its mean gradients (``sent_momentum``):
         #: local, never part of the shared state
         self.momentum: list[torch.Tensor] | None = None
+        #: rounds this momentum has taken in (for the Adam take-over's bias correction)
+        self.momentum_rounds = 0
 
     def on_batch(self, samples: int) -> None:
         if samples == 0:
@@ -108,11 +116,28 @@ class DeDLOCStrategy:
             mean = [acc / samples for acc in self.accumulators]
         if self._sent_momentum is None:
             return mean
+        if self.taken_over is not None:
+            self._keep_taken_over()
+        beta = self._sent_momentum
         if self.momentum is None:
             self.momentum = [torch.zeros_like(g) for g in mean]
+        self.momentum_rounds += 1
+        if self.taken_over == "adam":
+            # Adam's own first moment: m = beta m + (1 - beta) g, bias-corrected
+            correction = 1.0 - beta ** self.momentum_rounds
+            for m, g in zip(self.momentum, mean, strict=True):
+                m.mul_(beta).add_(g, alpha=1.0 - beta)
+            return [m / correction for m in self.momentum]
         for m, g in zip(self.momentum, mean, strict=True):
-            m.mul_(self._sent_momentum).add_(g)
+            m.mul_(beta).add_(g)
         return [m.clone() for m in self.momentum]
+
+    def _keep_taken_over(self) -> None:
+        """A scheduler that cycles momentum (OneCycleLR) writes it back into the
+        wrapped optimizer: take its new value as this peer's and zero it again."""
+        taken, beta = take_over_momentum(self._optimizer)
+        if taken is not None and beta:
+            self._sent_momentum = beta
 
     def on_failure(self, sent: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """``"local"``: step with this peer's own mean gradients; ``"skip"``: drop them."""
@@ -205,6 +230,44 @@ class DiLoCoStrategy:
                 a.copy_(value)
             for m, value in zip(self.momentum, entry["momentum"], strict=True):
                 m.copy_(value)
+
+
+#: ``OptimizerConfig.sent_momentum`` that takes over the wrapped optimizer's momentum.
+AUTO_MOMENTUM = "auto"
+
+
+def take_over_momentum(optimizer: torch.optim.Optimizer) -> tuple[str | None, float | None]:
+    """Move ``optimizer``'s momentum to the peer's side of the round (worker momentum).
+
+    SGD with momentum ``mu`` (no dampening, not Nesterov): the peer sends
+    ``m = mu m + g``, exactly SGD's buffer, and SGD's momentum is set to 0, so
+    an honest swarm under the weighted mean steps as before (weight decay is
+    added after averaging, not inside the momentum).  Adam and AdamW with
+    ``betas = (b1, b2)``: the peer sends Adam's own bias-corrected first
+    moment ``m = b1 m + (1 - b1) g``, and ``betas`` become ``(0, b2)``: the
+    step is ``m / sqrt(v)`` as before, but ``v`` now follows the squares of
+    the averaged moments.  Every group must agree (same kind, same value);
+    otherwise, or for another optimizer, nothing is taken: ``(None, None)``.
+    Returns the kind (``"sgd"`` or ``"adam"``) and the momentum taken; a
+    momentum already 0 in the optimizer is taken as 0 (nothing to send).
+    """
+    groups = optimizer.param_groups
+    if groups and all("betas" in g for g in groups):
+        b1 = {float(g["betas"][0]) for g in groups}
+        if len(b1) != 1 or not 0 <= next(iter(b1)) < 1:
+            return None, None
+        for g in groups:
+            g["betas"] = (0.0, g["betas"][1])
+        return "adam", next(iter(b1))
+    if groups and all("momentum" in g for g in groups):
+        mu = {float(g["momentum"]) for g in groups}
+        if len(mu) != 1 or not 0 <= next(iter(mu)) < 1 \
+                or any(g.get("nesterov") or g.get("dampening") for g in groups):
+            return None, None
+        for g in groups:
+            g["momentum"] = 0.0
+        return "sgd", next(iter(mu))
+    return None, None
 
 
 def make_strategy(config: OptimizerConfig, optimizer: torch.optim.Optimizer,

@@ -53,16 +53,24 @@ class OptimizerConfig:
             differences comparable to CenteredClip's ``tau``: set ``tau``
             near this norm.
         sent_momentum: DeDLOC mode: send this peer's momentum of its mean
-            gradients, ``m = beta * m + mean``, instead of the mean itself
-            (None: the mean).  With a robust aggregator this is
-            CenteredClip with worker momentum (Karimireddy et al. 2021):
-            honest momenta agree more closely than single gradients, so an
-            attacker that hides inside the honest spread round after round
-            gains far less.  The averaged momentum is the gradient the wrapped
-            optimizer steps with, so give that optimizer no momentum of its
-            own (plain SGD, or Adam with ``betas=(0, ...)``).  Each peer's
-            momentum is its own: it is not in the shared state or in
-            checkpoints, and starts at zero after a restart.  In [0, 1).
+            gradients instead of the mean itself: worker momentum (Karimireddy
+            et al. 2021).  With a robust aggregator honest momenta agree more
+            closely than single gradients, so an attacker that hides inside
+            the honest spread round after round gains far less.  ``"auto"``
+            (the default) takes over the wrapped optimizer's own momentum:
+            SGD's ``momentum`` (no dampening, not Nesterov) becomes this
+            peer's ``m = mu m + mean`` and SGD's is set to 0, so an honest
+            swarm steps as before; Adam's and AdamW's ``betas[0]`` becomes
+            Adam's bias-corrected first moment computed here, and ``betas``
+            become ``(0, b2)`` (the second moment then follows the averaged
+            moments' squares).  An optimizer without such a momentum (SGD
+            with none, another kind) sends its mean gradients, unprotected
+            by worker momentum.  A number ``beta`` in [0, 1) sends
+            ``m = beta * m + mean`` and leaves the wrapped optimizer alone
+            (give it no momentum of its own); None sends the mean.  Each
+            peer's momentum is its own: it is not in the shared state or in
+            checkpoints, and starts at zero after a restart.  DiLoCo mode
+            ignores ``"auto"`` (it has its outer momentum).
         delay_updates: average in the background while the next batches
             compute and apply the result one step late (DeDLOC mode only).
         outer_lr, outer_momentum: DiLoCo's outer Nesterov SGD (0.7, 0.9 as in
@@ -97,7 +105,7 @@ class OptimizerConfig:
     on_failure: str = "local"
     clip_grad_norm: float | None = None
     clip_sent_norm: float | None = None
-    sent_momentum: float | None = None
+    sent_momentum: float | str | None = "auto"
     delay_updates: bool = False
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
@@ -140,9 +148,9 @@ class OptimizerConfig:
         for name in ("delay_updates", "auxiliary", "state_sync"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be True or False")
-        if self.sent_momentum is not None:
+        if self.sent_momentum is not None and self.sent_momentum != "auto":
             if not (is_number(self.sent_momentum) and 0 <= self.sent_momentum < 1):
-                raise ConfigError(f"sent_momentum must be None or in [0, 1), "
+                raise ConfigError(f"sent_momentum must be 'auto', None or in [0, 1), "
                                   f"got {self.sent_momentum!r}")
             if self.mode == "diloco":
                 raise ConfigError("sent_momentum applies to mode='dedloc' only (DiLoCo has "

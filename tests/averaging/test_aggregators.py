@@ -360,3 +360,54 @@ def test_an_honest_peer_of_few_samples_is_not_an_outlier():
             reducer.add_chunk(s, header, codec.encode(xs[s, spec.start:spec.end]), 0.0)
         reducer.finalize()
     assert reducer.outliers == {}
+
+
+def test_a_small_chunk_judges_over_the_whole_part_not_alone():
+    """In a chunk of a few values honest distances do not concentrate: one honest
+    member may land ten times the median distance there by chance.  Judged over
+    the whole part, with a chunk of many values beside it, it is not an outlier."""
+    codec = get_codec("none")
+    layout = Layout([4, 3000], [codec, codec], [1.0, 0, 0, 0], 1024,
+                    Aggregator("centered_clip", tau="auto"))
+    gen = torch.Generator().manual_seed(9)
+    xs = torch.randn(4, 3004, generator=gen) * 0.01
+    xs[:, :4] = torch.tensor([0.0, 0.0, 0.0, 0.0])
+    xs[3, :4] = torch.tensor([0.0, 0.0, 0.0, 0.05])   # far, by the others' tiny distances
+
+    def judge(chunks: int) -> dict[int, float]:
+        reducer = PartReducer(layout, 0, [1, 2, 3], xs[0].clone(), 1.0, 0, 0.0, 10.0,
+                              outlier_factor=10.0)
+        for s in (1, 2, 3):
+            reducer.begin(s, 1.0, True, 0.0)
+        for spec in layout.chunks[0][:chunks]:
+            for s in (1, 2, 3):
+                header = TensorHeader(0, "float32", (3004,), spec.start, spec.count, "none",
+                                      None)
+                reducer.add_chunk(s, header, codec.encode(xs[s, spec.start:spec.end]), 0.0)
+            reducer.finalize()
+        return reducer.outliers
+
+    assert judge(1) == {}                 # 4 values: too few to judge anyone
+    assert judge(len(layout.chunks[0])) == {}   # the whole part: an honest spread
+    xs[3, 4:] *= 1000                     # a real outlier over the whole part is caught
+    assert set(judge(len(layout.chunks[0]))) == {3}
+
+
+def test_auto_tau_counts_the_medoid_so_a_heavier_third_sets_no_radius():
+    """Three rows: two honest (weights 8 and 9), one far (weight 9).  Among the
+    rows other than the medoid the far one may hold more than half of the
+    weight; counted with the medoid's own distance (0) it holds a third, and
+    the radius stays an honest distance."""
+    gen = torch.Generator().manual_seed(5)
+    common = torch.randn(DIM, generator=gen)
+    rows = torch.stack([common + 0.1 * torch.randn(DIM, generator=gen),
+                        common + 0.1 * torch.randn(DIM, generator=gen),
+                        -100 * common])
+    honest = float(torch.dist(rows[0], rows[1]))
+    for weights in ([8.0, 9.0, 9.0], [9.0, 8.0, 9.0]):
+        radii: list[float] = []
+        out = torch.empty(DIM)
+        Aggregator("centered_clip", tau="auto").aggregate(rows, weights, out, radii)
+        assert radii == [pytest.approx(honest)]
+        truth = (rows[0] * weights[0] + rows[1] * weights[1]) / (weights[0] + weights[1])
+        assert float((out - truth).norm()) <= 9 / 17 * honest * 1.01

@@ -246,3 +246,90 @@ def test_check_like_wants_finite_float_tensors_of_the_same_shapes():
                        ([torch.tensor([1.0, float("inf")]), torch.ones(1, 3)], "finite")]:
         with pytest.raises(ConfigError, match=match):
             check_like(bad, reference, "parameters")
+
+
+# -- worker momentum taken over from the wrapped optimizer -----------------------------
+
+
+def train_steps(model: torch.nn.Module, opt: torch.optim.Optimizer, steps: int,
+                strategy: DeDLOCStrategy | None = None) -> torch.Tensor:
+    """``steps`` steps on a fixed sequence of batches: plainly, or through
+    ``strategy`` as a one-peer swarm (the round's average is what it sent)."""
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(steps):
+        x = torch.randn(8, 3, generator=gen)
+        loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        if strategy is None:
+            opt.step()
+        else:
+            strategy.on_batch(8)
+            strategy.apply(strategy.round_tensors(8))
+            strategy.reset()
+    return model.weight.detach().clone()
+
+
+def test_auto_takes_over_sgds_momentum_and_steps_exactly_as_sgd():
+    plain = linear([0.5, -0.2, 0.1])
+    expected = train_steps(plain, torch.optim.SGD(plain.parameters(), lr=0.05,
+                                                  momentum=0.9), 12)
+    model = linear([0.5, -0.2, 0.1])
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    strategy = DeDLOCStrategy(opt, list(model.parameters()), sent_momentum="auto")
+    assert strategy.taken_over == "sgd" and opt.param_groups[0]["momentum"] == 0.0
+    assert torch.allclose(train_steps(model, opt, 12, strategy), expected, atol=1e-6)
+    assert strategy.momentum is not None   # the momentum is the peer's now
+
+
+def test_auto_takes_over_adams_first_moment():
+    model = linear([0.5, -0.2, 0.1])
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01, betas=(0.8, 0.99))
+    strategy = DeDLOCStrategy(opt, list(model.parameters()), sent_momentum="auto")
+    assert strategy.taken_over == "adam" and opt.param_groups[0]["betas"] == (0.0, 0.99)
+    model.weight.grad = torch.ones(1, 3)
+    strategy.on_batch(1)
+    assert torch.allclose(strategy.round_tensors(1)[0], torch.ones(1, 3))  # bias-corrected
+    strategy.reset()
+    model.weight.grad = torch.full((1, 3), 3.0)
+    strategy.on_batch(1)
+    # m = 0.8 * 0.2 + 0.2 * 3 = 0.76, over 1 - 0.64
+    assert torch.allclose(strategy.round_tensors(1)[0], torch.full((1, 3), 0.76 / 0.36))
+
+
+def test_auto_leaves_what_it_cannot_take_over_alone():
+    for make in (lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True),
+                 lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, dampening=0.1),
+                 lambda p: torch.optim.Adagrad(p, lr=0.1)):
+        model = linear([1.0, 2.0])
+        opt = make(model.parameters())
+        before = [dict(g) for g in opt.param_groups]
+        strategy = DeDLOCStrategy(opt, list(model.parameters()), sent_momentum="auto")
+        assert strategy.taken_over is None
+        assert [dict(g) for g in opt.param_groups] == before
+        model.weight.grad = torch.ones(1, 2)
+        strategy.on_batch(1)
+        assert torch.equal(strategy.round_tensors(1)[0], torch.ones(1, 2))  # the mean
+
+
+def test_a_scheduler_that_writes_momentum_back_is_taken_over_again():
+    model = linear([1.0, 2.0])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    strategy = DeDLOCStrategy(opt, list(model.parameters()), sent_momentum="auto")
+    model.weight.grad = torch.ones(1, 2)
+    strategy.on_batch(1)
+    strategy.round_tensors(1)                        # m = 1
+    opt.param_groups[0]["momentum"] = 0.5            # as OneCycleLR does
+    strategy.reset()
+    strategy.on_batch(1)
+    assert torch.equal(strategy.round_tensors(1)[0], torch.full((1, 2), 1.5))  # 0.5 * 1 + 1
+    assert opt.param_groups[0]["momentum"] == 0.0
+
+
+def test_auto_is_the_default_and_diloco_ignores_it():
+    assert OptimizerConfig().sent_momentum == "auto"
+    assert OptimizerConfig(mode="diloco").sent_momentum == "auto"
+    model = linear([1.0, 2.0])
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    make_strategy(OptimizerConfig(mode="diloco"), opt, list(model.parameters()))
+    assert opt.param_groups[0]["momentum"] == 0.9

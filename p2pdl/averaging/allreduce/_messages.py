@@ -20,10 +20,12 @@ from typing import Annotated
 from ...progress import Report
 from ...wire import MaxLen, Message, MessageSet, Range
 from ..matchmaking.config import GROUP_ID_SIZE, MAX_CODE_LENGTH, MAX_DETAIL_LENGTH, MAX_GROUP_SIZE
+from ._verify import NONCE_SIZE, SKETCH_BUCKETS
 
-__all__ = ["ALLREDUCE_PROTOCOL_ID", "Begin", "Segment", "Done", "Reject", "Have",
-           "REJECT_CODES", "SENDER_MESSAGES", "REDUCER_MESSAGES", "HAVE_MESSAGES",
-           "LAYOUT_DIGEST_SIZE", "MAX_WEIGHT", "MAX_SEGMENTS"]
+__all__ = ["ALLREDUCE_PROTOCOL_ID", "Begin", "Segment", "Done", "Reject", "Have", "PartCheck",
+           "Check", "REJECT_CODES", "SENDER_MESSAGES", "REDUCER_MESSAGES", "HAVE_MESSAGES",
+           "CHECK_MESSAGES", "LAYOUT_DIGEST_SIZE", "RESULT_DIGEST_SIZE", "MAX_WEIGHT",
+           "MAX_SEGMENTS", "MAX_TAU"]
 
 ALLREDUCE_PROTOCOL_ID = "/p2pdl/allreduce/1.0.0"
 #: This protocol's id (every protocol package exports it under this name).
@@ -31,8 +33,12 @@ PROTOCOL_ID = ALLREDUCE_PROTOCOL_ID
 
 #: Bytes of a layout digest (SHA-256).
 LAYOUT_DIGEST_SIZE = 32
+#: Bytes of a result digest (SHA-256 of a part's averaged chunks as sent).
+RESULT_DIGEST_SIZE = 32
 #: Largest weight a sender may give (samples are counted in far fewer).
 MAX_WEIGHT = 1e15
+#: Largest CenteredClip radius an ``ar.done`` may name.
+MAX_TAU = 1e300
 #: Most segments one ``ar.done`` lists (a reducer merges runs of chunks with the
 #: same contributors, so a round has at most one segment per chunk; bounded anyway).
 MAX_SEGMENTS = 65536
@@ -77,19 +83,26 @@ class Begin(Message, tag="ar.begin"):
 
 class Segment(Message, tag="ar.segment"):
     """Chunks ``[first, end)`` of the part were averaged over ``contributors``
-    (member indices, ascending) whose weights sum to ``weight``."""
+    (member indices, ascending) whose weights sum to ``weight``; ``weights``:
+    each one's weight as the reducer counted it (None from r6 reducers)."""
 
     first: Annotated[int, Range(0, 2**32)]
     end: Annotated[int, Range(0, 2**32)]
     contributors: Annotated[list[Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]],
                             MaxLen(MAX_GROUP_SIZE)]
     weight: Annotated[float, Range(0.0, MAX_WEIGHT * MAX_GROUP_SIZE)]
+    weights: Annotated[list[Annotated[float, Range(0.0, MAX_WEIGHT)]],
+                       MaxLen(MAX_GROUP_SIZE)] | None = None
 
 
 class Done(Message, tag="ar.done"):
-    """Every averaged chunk was sent; who contributed to which."""
+    """Every averaged chunk was sent; who contributed to which; under
+    CenteredClip, ``taus``: the radius of each chunk (None under the mean, and
+    from r6 reducers)."""
 
     segments: Annotated[list[Segment], MaxLen(MAX_SEGMENTS)]
+    taus: Annotated[list[Annotated[float, Range(0.0, MAX_TAU)]],
+                    MaxLen(MAX_SEGMENTS)] | None = None
 
 
 class Reject(Message, tag="ar.reject"):
@@ -101,12 +114,38 @@ class Reject(Message, tag="ar.reject"):
 
 class Have(Message, tag="ar.have"):
     """After the round: the parts member ``sender`` completed (indices of
-    members whose non-empty part it received whole, or reduced itself)."""
+    members whose non-empty part it received whole, or reduced itself);
+    ``digests``: the SHA-256 of each of those parts' result, in the order of
+    ``parts`` (None from r6 members); ``nonce``: the sender's verification
+    nonce (empty: it verifies nothing)."""
 
     group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
     sender: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
     parts: Annotated[list[Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]],
                      MaxLen(MAX_GROUP_SIZE)]
+    digests: Annotated[list[Annotated[bytes, MaxLen(RESULT_DIGEST_SIZE)]],
+                       MaxLen(MAX_GROUP_SIZE)] | None = None
+    nonce: Annotated[bytes, MaxLen(NONCE_SIZE)] = b""
+
+
+class PartCheck(Message, tag="ar.part_check"):
+    """A contributor's report on ``part`` for the addressed verifier's nonce:
+    the digest of the result it holds, its sketch (SKETCH_BUCKETS float32,
+    little-endian) and its distance to the result in each chunk."""
+
+    part: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
+    digest: Annotated[bytes, MaxLen(RESULT_DIGEST_SIZE)]
+    sketch: Annotated[bytes, MaxLen(4 * SKETCH_BUCKETS)]
+    distances: Annotated[list[float], MaxLen(MAX_SEGMENTS)]
+
+
+class Check(Message, tag="ar.check"):
+    """After both ``ar.have``: member ``sender``'s reports on the parts it
+    contributed to, for the addressed member's nonce."""
+
+    group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
+    sender: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
+    reports: Annotated[list[PartCheck], MaxLen(MAX_GROUP_SIZE)]
 
 
 #: What a reducer accepts first on a stream (``ar.begin``, or the dialer's
@@ -115,3 +154,5 @@ class Have(Message, tag="ar.have"):
 SENDER_MESSAGES = MessageSet(Begin, Have)
 REDUCER_MESSAGES = MessageSet(Done, Reject)
 HAVE_MESSAGES = MessageSet(Have, Reject)
+#: What either member of an exchange accepts once the ``ar.have`` are through.
+CHECK_MESSAGES = MessageSet(Check)

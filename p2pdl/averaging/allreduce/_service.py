@@ -33,6 +33,8 @@ import collections
 import dataclasses
 import logging
 import math
+import secrets
+import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -47,18 +49,21 @@ from ...errors import (
     StreamClosedError,
 )
 from ...service import Opened, Refusal, ServiceContext, Statistics, StreamEndpoint, serve_nothing
-from ...wire import FramedStream, TensorChunk, open_framed_stream
+from ...wire import FramedStream, TensorChunk, encode_message, open_framed_stream
 from .._balancing import round_time
 from ..matchmaking.config import MAX_DETAIL_LENGTH
 from ._messages import (
     ALLREDUCE_PROTOCOL_ID,
+    CHECK_MESSAGES,
     HAVE_MESSAGES,
     MAX_WEIGHT,
     REDUCER_MESSAGES,
     SENDER_MESSAGES,
     Begin,
+    Check,
     Done,
     Have,
+    PartCheck,
     Reject,
 )
 from ._state import (
@@ -77,6 +82,7 @@ from ._state import (
     exchange_roles,
     settle_parts,
 )
+from ._verify import NONCE_SIZE, SKETCH_BUCKETS, Report, RoundVerifier, Verdict, verifiable
 from .config import AllReduceConfig
 
 if TYPE_CHECKING:
@@ -103,6 +109,10 @@ OwnReport = Callable[[str, int], "Report | None"]
 WEIGHT_FLAG = "weight_beyond_evidence"
 #: The flag of a sender whose values lay far from a robust rule's result.
 OUTLIER_FLAG = "outlier_values"
+#: The flag a member raises on a reducer whose part failed its check.
+CHECK_FLAG = "reducer_check_failed"
+#: The flag a member raises on a contributor whose report was a lie on its face.
+REPORT_FLAG = "report_beyond_bound"
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +147,14 @@ class AllReduceStatistics(Statistics):
     ``parts_dropped``: parts this node completed and then dropped, because a
     member lacked them and their reducer was gone; ``parts_disputed``: parts
     it completed that a member lacked while their reducer was connected.
+    ``parts_checked``: other members' parts this node verified (Verification);
+    ``parts_check_failed``: those whose check failed (dropped here, the
+    reducer flagged ``reducer_check_failed``); ``parts_unverifiable``: those
+    it could not judge (a report missing under the mean); ``reports_refused``:
+    contributors' reports that were lies on their face (each flagged
+    ``report_beyond_bound``).  ``verification_bytes_sent``: what verification
+    added to this node's messages (nonces, digests, ``ar.check``), in bytes of
+    their msgpack bodies.
     """
 
     active: int
@@ -156,6 +174,11 @@ class AllReduceStatistics(Statistics):
     haves_heard: int = 0
     parts_dropped: int = 0
     parts_disputed: int = 0
+    parts_checked: int = 0
+    parts_check_failed: int = 0
+    parts_unverifiable: int = 0
+    reports_refused: int = 0
+    verification_bytes_sent: int = 0
 
 
 #: The counters of :meth:`AllReduceService.statistics`.
@@ -197,6 +220,12 @@ class _Session:
         # Senders this reducer excluded as silent or broken: not waited for in the
         # exchange (one whose stream merely closed may be a member that lacks a part).
         self.unheeded: set[int] = set()
+        # Verification: this member's checks of the others' parts (None: it
+        # verifies nothing), the members whose exchange (ar.have, and ar.check
+        # when both verify) is through, and the verdicts once the exchange ended.
+        self.verifier: RoundVerifier | None = None
+        self.exchanged: set[int] = set()
+        self.verdicts: dict[int, Verdict] = {}
 
     def progressed(self) -> None:
         self._progress.set()
@@ -389,12 +418,14 @@ class AllReduceService:
                         if not auxiliary:
                             nursery.start_soon(exchange, r)
             session.held = _held(session, receivers)
+            session.verifier = self._verifier(session, receivers, originals)
             session.settled.set()
             settlement = Settlement({}, {})
             if not auxiliary:
                 with trio.move_on_at(session.deadline + HAVE_GRACE):
                     await self._exchange_haves(session)
                 settlement = self._settle(session)
+                self._judge(session)
         finally:
             self._unregister(session)
         return self._result(session, originals, receivers, errors, inplace, settlement)
@@ -471,7 +502,7 @@ class AllReduceService:
                 raise _Rejected(f"the reducer refused: {message.code}"
                                 + (f" ({message.detail})" if message.detail else ""))
             assert isinstance(message, Done)
-            receiver.done(message.segments)
+            receiver.done(message.segments, message.taus)
 
     # -- the post-round exchange -------------------------------------------
 
@@ -501,7 +532,7 @@ class AllReduceService:
                     nursery.start_soon(dial_have, j)
                 waiting = set(dial) | set(answer)
                 while True:
-                    waiting -= session.heard.keys() | failed | session.unheeded
+                    waiting -= session.exchanged | failed | session.unheeded
                     waiting = {j for j in waiting
                                if self._host.is_connected(members[j].peer_id)}
                     if not waiting:
@@ -521,8 +552,8 @@ class AllReduceService:
                                                      timeout=remaining)
             async with open_framed_stream(net_stream, self._wire) as stream:
                 try:
-                    await stream.send_message(Have(group.group_id, session.me,
-                                                   sorted(session.held)))
+                    mine = self._have(session)
+                    await stream.send_message(mine)
                     item = await stream.receive(HAVE_MESSAGES)
                     if item is None:
                         raise StreamClosedError("the member ended the stream before its "
@@ -537,6 +568,10 @@ class AllReduceService:
                         raise RemoteProtocolError("the reply to ar.have is for another "
                                                   "group or member")
                     self._heard(session, j, check_have_parts(reply.parts, session.layout))
+                    if mine.nonce and reply.nonce:   # both verify: reports both ways
+                        await stream.send_message(self._check(session, j, reply))
+                        self._hear_check(session, j, await self._receive_check(stream, j))
+                    self._exchanged(session, j)
                     return True
                 except RemoteProtocolError:
                     self._counters["protocol_errors"] += 1
@@ -599,12 +634,150 @@ class AllReduceService:
                     await session.settled.wait()
                 finally:
                     session.scopes.discard(scope)
-            held = session.held
-            if held is None:   # the round was cancelled before it settled
+            if session.held is None:   # the round was cancelled before it settled
                 return
+            try:
+                with trio.move_on_at(session.deadline + HAVE_GRACE) as scope:
+                    session.scopes.add(scope)
+                    mine = self._have(session)
+                    await stream.send_message(mine)
+                    if mine.nonce and have.nonce:   # both verify: reports, the dialer's first
+                        self._hear_check(session, j, await self._receive_check(stream, j))
+                        await stream.send_message(self._check(session, j, have))
+                session.scopes.discard(scope)
+            finally:
+                self._exchanged(session, j)   # through, or given up: not waited for
+            with trio.move_on_after(DONE_LINGER):
+                await stream.wait_peer_done()
+            return
         await stream.send_message(Have(group.group_id, me, sorted(held)))
         with trio.move_on_after(DONE_LINGER):
             await stream.wait_peer_done()
+
+    # -- verification -----------------------------------------------------
+
+    def _verifier(self, session: _Session, receivers: dict[int, PartReceiver],
+                  originals: list[torch.Tensor]) -> RoundVerifier | None:
+        """This member's checks of the round, once it settled (None: it checks
+        nothing: auxiliary, ``verify`` off, or a rule without a check)."""
+        if session.auxiliary or not session.config.verify \
+                or not verifiable(session.layout.aggregator) or session.held is None:
+            return None
+        layout, flat = session.layout, session.flat
+        results, claims, digests = {}, {}, {}
+        for r in session.held:
+            if r == session.me:
+                reducer = session.reducer
+                assert reducer is not None
+                results[r] = reducer.result()
+                claims[r] = tuple(reducer.claims)
+                digests[r] = reducer.digest()
+            else:
+                receiver = receivers[r]
+                results[r] = flat[slice(*layout.part_bounds[r])]
+                claims[r] = receiver.claims
+                digests[r] = receiver.digest
+
+        def values(r: int) -> torch.Tensor:
+            """This member's values of part ``r`` as its reducer decoded them."""
+            lo, hi = layout.part_bounds[r]
+            if r == session.me:
+                return flat[lo:hi]
+            own = flat.new_empty(hi - lo)
+            for chunk in layout.chunks[r]:
+                a, b = chunk.start - lo, chunk.end - lo
+                piece = own[a:b]
+                _restore(piece, originals, layout, chunk.start, chunk.end, offset=chunk.start)
+                chunk.codec.decode(bytes(chunk.codec.encode(piece)), chunk.count, out=piece)
+            return own
+
+        return RoundVerifier(layout, session.group.group_id, session.me,
+                             secrets.token_bytes(NONCE_SIZE), results, claims, digests, values)
+
+    def _have(self, session: _Session) -> Have:
+        """This member's ``ar.have``: the parts it completed, and, when it
+        verifies, their digests and its nonce."""
+        assert session.held is not None
+        parts = sorted(session.held)
+        verifier = session.verifier
+        if verifier is None:
+            return Have(session.group.group_id, session.me, parts)
+        digests = [verifier.digests[r] for r in parts]
+        self._counters["verification_bytes_sent"] += len(verifier.nonce) + sum(map(len, digests))
+        return Have(session.group.group_id, session.me, parts, digests, verifier.nonce)
+
+    def _check(self, session: _Session, j: int, have: Have) -> Check:
+        """This member's ``ar.check`` for member ``j``'s nonce."""
+        verifier = session.verifier
+        assert verifier is not None
+        if have.digests is None or len(have.digests) != len(have.parts):
+            raise RemoteProtocolError("an ar.have with a nonce must name one digest per part")
+        reports = verifier.reports_for(j, have.nonce, have.parts, have.digests)
+        check = Check(session.group.group_id, session.me,
+                      [PartCheck(r, digest, struct.pack(f"<{SKETCH_BUCKETS}f", *report.sketch),
+                                 list(report.distances)) for r, digest, report in reports])
+        self._counters["verification_bytes_sent"] += len(encode_message(check))
+        return check
+
+    async def _receive_check(self, stream: FramedStream, j: int) -> Check:
+        item = await stream.receive(CHECK_MESSAGES)
+        if item is None:
+            raise StreamClosedError("the member ended the stream before its ar.check")
+        if isinstance(item, TensorChunk):
+            raise RemoteProtocolError("expected ar.check")
+        _, check = item
+        assert isinstance(check, Check)
+        if check.sender != j:
+            raise RemoteProtocolError("the ar.check is from another member")
+        return check
+
+    def _hear_check(self, session: _Session, j: int, check: Check) -> None:
+        """Member ``j``'s reports for this member's nonce."""
+        verifier = session.verifier
+        if verifier is None or check.group_id != session.group.group_id:
+            raise RemoteProtocolError("an ar.check for another group")
+        reports: list[tuple[int, bytes, Report | None]] = []
+        seen = set()
+        for part in check.reports:
+            if part.part in seen or part.part >= len(session.group):
+                raise RemoteProtocolError("an ar.check names a part twice, or no member's")
+            seen.add(part.part)
+            report = None
+            if len(part.sketch) == 4 * SKETCH_BUCKETS:
+                report = Report(struct.unpack(f"<{SKETCH_BUCKETS}f", part.sketch),
+                                tuple(part.distances))
+            reports.append((part.part, part.digest, report))
+        verifier.hear_reports(j, reports)
+
+    def _exchanged(self, session: _Session, j: int) -> None:
+        session.exchanged.add(j)
+        session.progressed()
+
+    def _judge(self, session: _Session) -> None:
+        """The verdicts on the parts this member checks; flags what they prove."""
+        verifier = session.verifier
+        if verifier is None:
+            return
+        group = session.group
+        session.verdicts = verifier.verdicts()
+        now = self._clock()
+        liars: set[int] = set()
+        for r, verdict in sorted(session.verdicts.items()):
+            self._counters["parts_checked"] += 1
+            self._counters["reports_refused"] += len(verdict.liars)
+            liars |= verdict.liars
+            if verdict.status == "unverifiable":
+                self._counters["parts_unverifiable"] += 1
+            elif verdict.status == "failed":
+                self._counters["parts_check_failed"] += 1
+                self._flags.flag(group.members[r].peer_id, group.run_id, CHECK_FLAG, now)
+                logger.warning("all-reduce %s: part %d (reducer %s) failed its check, dropped: "
+                               "%s", group.group_id.hex()[:8], r, group.members[r].peer_id,
+                               verdict.reason)
+        for liar in sorted(liars):   # once per round
+            self._flags.flag(group.members[liar].peer_id, group.run_id, REPORT_FLAG, now)
+            logger.info("all-reduce %s: member %d (%s) reported a sketch that is a lie on its "
+                        "face", group.group_id.hex()[:8], liar, group.members[liar].peer_id)
 
     # -- reducer side -----------------------------------------------------
 
@@ -920,7 +1093,7 @@ class AllReduceService:
             while reducer.final <= k:
                 await session.wait_progress()
             await stream.send_tensor_chunk(chunk.header(), reducer.payloads[k])
-        await stream.send_message(Done(reducer.segments()))
+        await stream.send_message(Done(reducer.segments(), reducer.taus()))
         # The sender ends the stream once it has read everything: wait for
         # that (briefly), so that a reducer that returns -- or exits -- right
         # after the round does not cut off averages still in flight.
@@ -993,11 +1166,20 @@ class AllReduceService:
             if session.auxiliary:
                 parts.append(PartResult(r, member.peer_id, lo, hi, False,
                                         error=AUXILIARY_NO_RESULT))
+            elif receiver is not None and receiver.complete \
+                    and session.verdicts.get(r, _NOT_CHECKED).status == "failed":
+                _restore(flat, originals, layout, lo, hi)
+                parts.append(PartResult(r, member.peer_id, lo, hi, False,
+                                        error=f"the result failed its check: "
+                                              f"{session.verdicts[r].reason}",
+                                        check="failed"))
             elif receiver is not None and receiver.complete:
                 assert receiver.segments is not None
+                verdict = session.verdicts.get(r)
                 parts.append(PartResult(r, member.peer_id, lo, hi, True,
                                         contributions(layout, r, receiver.segments),
-                                        lacked_by=settlement.disputed.get(r, ())))
+                                        lacked_by=settlement.disputed.get(r, ()),
+                                        check=verdict.status if verdict else None))
             else:
                 error = errors.get(r, "the round ended before the reducer finished "
                                       "(averaging_timeout)")
@@ -1017,6 +1199,10 @@ class AllReduceService:
                                  session.auxiliary, tuple(sorted(session.heard)))
         self._counters["completed" if result.completed else "incomplete"] += 1
         return result
+
+
+#: A verdict for parts that were not checked.
+_NOT_CHECKED = Verdict("unchecked")
 
 
 class _Rejected(P2PDLError):
@@ -1104,12 +1290,13 @@ def _check_finite(flat: torch.Tensor) -> None:
 
 
 def _restore(flat: torch.Tensor, originals: list[torch.Tensor], layout: Layout,
-             lo: int, hi: int) -> None:
-    """Put this member's own values back into ``flat[lo:hi]``."""
+             lo: int, hi: int, *, offset: int = 0) -> None:
+    """Put this member's own values ``[lo, hi)`` back into ``flat`` (which
+    starts at value ``offset`` of the vector)."""
     for t, start, size in zip(originals, layout.tensor_starts, layout.sizes, strict=False):
         a, b = max(lo, start), min(hi, start + size)
         if a < b:
-            flat[a:b].copy_(t.detach().reshape(-1)[a - start:b - start])
+            flat[a - offset:b - offset].copy_(t.detach().reshape(-1)[a - start:b - start])
 
 
 def _unflatten(flat: torch.Tensor, originals: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -38,6 +38,7 @@ from .._aggregators import AUTO, Aggregator
 from .._balancing import part_sizes
 from .._codecs import Codec, CodecPolicy, choose_codec, codec_from_header
 from ._messages import MAX_SEGMENTS, Segment
+from ._verify import ChunkClaim
 
 if TYPE_CHECKING:
     import torch
@@ -282,6 +283,12 @@ _FINISHED = (SenderState.DONE, SenderState.EXCLUDED, SenderState.FAILED)
 
 #: Contributors of positive weight a chunk needs before the share cap applies.
 MIN_CAPPED_CONTRIBUTORS = 3
+#: Values of a part a contributor's values must span before it is judged as
+#: an outlier.  Distances are judged over the whole part, not chunk by chunk:
+#: in a chunk of a few values (a small tensor: a bias, a norm's scale) honest
+#: distances do not concentrate, and one honest peer of four landed ten times
+#: the median distance by chance.
+MIN_OUTLIER_VALUES = 64
 
 
 def cap_shares(weights: Sequence[float], max_share: float) -> list[float]:
@@ -364,11 +371,11 @@ class PartReducer:
     (``Layout.aggregator``), that rule's aggregate of exactly those values
     and weights.  With no positive weight at all it is the reducer's own
     values (zeros for an auxiliary reducer), so nothing is ever NaN.
-    Under a robust rule, with at least MIN_CAPPED_CONTRIBUTORS contributors,
-    a sender whose values lie more than ``outlier_factor`` times the
-    reference distance from a chunk's result (the contributors' median
-    distance, at least ``tau`` under CenteredClip) is noted in
-    :attr:`outliers` (None: nobody is).
+    Under a robust rule, in chunks with at least MIN_CAPPED_CONTRIBUTORS
+    contributors, a sender whose values lie more than ``outlier_factor``
+    times the reference distance from the chunks' results (the
+    contributors' median distance, at least ``tau`` under CenteredClip),
+    over all those chunks together, is in :attr:`outliers` (None: nobody is).
     :meth:`finalize` averages the chunks that became final and returns them
     in order; each is then sent to every sender that wants results, and this
     member's own copy goes through the same codec so that every member holds
@@ -416,9 +423,11 @@ class PartReducer:
         self.payloads: list[memoryview] = []  # the averaged chunks as they travel
         self.aggregator = layout.aggregator
         self.outlier_factor = outlier_factor
-        #: member -> the largest distance/reference ratio of its values in a
-        #: chunk, for the members whose values were outliers (robust rules)
-        self.outliers: dict[int, float] = {}
+        # per member: the sums over the chunks it was judged in of its squared
+        # (scaled) distance, of the squared reference distance, and the values
+        self._judged: dict[int, list[float]] = {}
+        #: what this reducer says of each averaged chunk (verification)
+        self.claims: list[ChunkClaim] = []
 
     # -- events -----------------------------------------------------------
 
@@ -554,13 +563,12 @@ class PartReducer:
         return ready
 
     def _note_outliers(self, members: list[int], weights: list[float],
-                       distances: list[float]) -> None:
-        """Note the contributors (not this member) whose values lay more than
-        ``outlier_factor`` times the reference distance from the chunk's
-        result.  Distances are scaled by ``sqrt(weight / median weight)``:
+                       distances: list[float], values: int) -> None:
+        """Add one chunk's distances to each contributor's account (not this
+        member's).  Distances are scaled by ``sqrt(weight / median weight)``:
         an honest mean of fewer samples is noisier by about that factor, so a
-        slow honest peer is not taken for an outlier.  The reference is the
-        median scaled distance, and at least ``tau`` under CenteredClip."""
+        slow honest peer is not taken for an outlier.  The chunk's reference
+        is the median scaled distance, and at least ``tau`` under CenteredClip."""
         if self.outlier_factor is None or len(members) < MIN_CAPPED_CONTRIBUTORS:
             return
         typical = sorted(weights)[(len(weights) - 1) // 2]
@@ -569,9 +577,28 @@ class PartReducer:
         if self.aggregator.name == "centered_clip" and self.aggregator.tau != AUTO:
             reference = max(reference, float(self.aggregator.tau))
         for member, distance in zip(members, scaled, strict=True):
-            if member != self.me and distance > self.outlier_factor * reference:
-                ratio = distance / reference if reference > 0 else math.inf
-                self.outliers[member] = max(self.outliers.get(member, 0.0), ratio)
+            if member != self.me:
+                account = self._judged.setdefault(member, [0.0, 0.0, 0])
+                account[0] += distance * distance
+                account[1] += reference * reference
+                account[2] += values
+
+    @property
+    def outliers(self) -> dict[int, float]:
+        """The contributors whose values lay more than ``outlier_factor`` times
+        the reference distance from the results of the chunks averaged so far,
+        over all of them together (the root of the summed squared distances
+        over that of the summed squared references), each with its ratio;
+        only contributors judged over at least MIN_OUTLIER_VALUES values."""
+        found = {}
+        for member, (distance, reference, values) in self._judged.items():
+            if values < MIN_OUTLIER_VALUES or self.outlier_factor is None:
+                continue
+            ratio = math.sqrt(distance / reference) if reference > 0 else \
+                (math.inf if distance > 0 else 0.0)
+            if ratio > self.outlier_factor:
+                found[member] = ratio
+        return found
 
     def finalize(self) -> list[int]:
         """Average the chunks that became final; their indices, in order."""
@@ -600,12 +627,14 @@ class PartReducer:
             total = math.fsum(weights)
             positive = [(values, weight) for (_, _, values), weight
                         in zip(entries, weights, strict=True) if weight > 0]
+            radii: list[float] = []
             if total > 0 and self.aggregator.robust and len(positive) > 1:
                 distances = self.aggregator.aggregate([v for v, _ in positive],
-                                                      [w for _, w in positive], out)
+                                                      [w for _, w in positive], out, radii)
                 assert distances is not None
                 self._note_outliers([i for (i, _, _), w in zip(entries, weights, strict=True)
-                                     if w > 0], [w for _, w in positive], distances)
+                                     if w > 0], [w for _, w in positive], distances,
+                                    chunk.count)
             elif total > 0:
                 out.zero_()
                 for (_, _, values), weight in zip(entries, weights, strict=True):
@@ -617,6 +646,9 @@ class PartReducer:
             self.weights[k] = total
             self.contributors[k] = [index for (index, _, _), weight
                                     in zip(entries, weights, strict=True) if weight > 0]
+            self.claims.append(ChunkClaim(
+                tuple(self.contributors[k]), tuple(w for w in weights if w > 0),
+                self._radius(radii, len(positive))))
             payload = chunk.codec.encode(out)
             if chunk.codec.name != "none":  # our copy goes through the codec as everyone's
                 chunk.codec.decode(payload, chunk.count, out=out)
@@ -624,6 +656,16 @@ class PartReducer:
             done.append(k)
             self.final += 1
         return done
+
+    def _radius(self, radii: list[float], contributors: int) -> float | None:
+        """The radius a chunk was averaged with, as :class:`ChunkClaim` says it:
+        None under the mean; under CenteredClip the one used, and with fewer
+        than two contributors (nothing to clip) the rule's, or 0 for auto."""
+        if self.aggregator.name != "centered_clip":
+            return None
+        if radii:
+            return radii[0]
+        return 0.0 if self.aggregator.tau == AUTO else float(self.aggregator.tau)
 
     @property
     def complete(self) -> bool:
@@ -640,17 +682,34 @@ class PartReducer:
                 and s.state is not SenderState.WAITING]
 
     def segments(self) -> list[Segment]:
-        """Runs of final chunks with the same contributors (for ``ar.done``)."""
+        """Runs of final chunks with the same contributors and weights (for
+        ``ar.done``)."""
         segments: list[Segment] = []
         for k in range(self.final):
-            who = sorted(self.contributors[k])
+            claim = self.claims[k]
+            who, weights = list(claim.contributors), list(claim.weights)
             if segments and segments[-1].contributors == who \
-                    and segments[-1].weight == self.weights[k]:
+                    and segments[-1].weights == weights:
                 last = segments[-1]
-                segments[-1] = Segment(last.first, k + 1, who, last.weight)
+                segments[-1] = Segment(last.first, k + 1, who, last.weight, weights)
             else:
-                segments.append(Segment(k, k + 1, who, self.weights[k]))
+                segments.append(Segment(k, k + 1, who, self.weights[k], weights))
         return segments
+
+    def taus(self) -> list[float] | None:
+        """Each final chunk's CenteredClip radius (for ``ar.done``; None under
+        another rule)."""
+        if self.aggregator.name != "centered_clip":
+            return None
+        return [float(claim.tau or 0.0) for claim in self.claims[:self.final]]
+
+    def digest(self) -> bytes:
+        """SHA-256 of the averaged chunks' payloads, in order (what every
+        receiver of the complete part computes from the bytes it got)."""
+        digest = hashlib.sha256()
+        for payload in self.payloads:
+            digest.update(payload)
+        return digest.digest()
 
     def sender_states(self) -> dict[int, SenderState]:
         return {s.index: s.state for s in self.senders.values()}
@@ -670,6 +729,10 @@ class PartReceiver:
         self.group_size = group_size
         self.received = 0
         self.segments: tuple[Segment, ...] | None = None
+        #: what the reducer said of each chunk (``ar.done``); None when it said
+        #: too little to be checked (no weights, or no radii under CenteredClip)
+        self.claims: tuple[ChunkClaim, ...] | None = None
+        self._digest = hashlib.sha256()
 
     def add_chunk(self, header: TensorHeader, payload: memoryview | bytes) -> None:
         if self.segments is not None or self.received >= len(self.chunks):
@@ -679,9 +742,15 @@ class PartReceiver:
         codec = chunk.check(header)
         lo = chunk.start - chunk.part_start
         codec.decode(payload, chunk.count, out=self.out[lo:lo + chunk.count])
+        self._digest.update(payload)
         self.received += 1
 
-    def done(self, segments: Sequence[Segment]) -> None:
+    @property
+    def digest(self) -> bytes:
+        """SHA-256 of the averaged chunks' payloads as received."""
+        return self._digest.digest()
+
+    def done(self, segments: Sequence[Segment], taus: Sequence[float] | None = None) -> None:
         if self.received != len(self.chunks):
             raise RemoteProtocolError(f"reducer of part {self.part} said done after "
                                       f"{self.received} of {len(self.chunks)} chunks")
@@ -698,6 +767,30 @@ class PartReceiver:
             raise RemoteProtocolError(f"ar.done segments cover {position} of "
                                       f"{len(self.chunks)} chunks")
         self.segments = tuple(segments)
+        self.claims = self._claims(segments, taus)
+
+    def _claims(self, segments: Sequence[Segment], taus: Sequence[float] | None
+                ) -> tuple[ChunkClaim, ...] | None:
+        """One claim per chunk from ``ar.done``; RemoteProtocolError when its
+        weights or radii do not fit the chunks; None when it has none."""
+        clip = self.layout.aggregator.name == "centered_clip"
+        if any(seg.weights is None for seg in segments) or (clip and taus is None):
+            return None
+        if clip and len(taus or ()) != len(self.chunks):
+            raise RemoteProtocolError(f"ar.done names {len(taus or ())} radii for "
+                                      f"{len(self.chunks)} chunks")
+        if not clip and taus is not None:
+            raise RemoteProtocolError("ar.done names radii under a rule without any")
+        claims = []
+        for seg in segments:
+            weights = tuple(float(w) for w in seg.weights or ())
+            if len(weights) != len(seg.contributors) or any(w <= 0 for w in weights):
+                raise RemoteProtocolError("ar.done weights must be one positive weight per "
+                                          "contributor")
+            for k in range(seg.first, seg.end):
+                claims.append(ChunkClaim(tuple(seg.contributors), weights,
+                                         float(taus[k]) if clip and taus else None))
+        return tuple(claims)
 
     @property
     def complete(self) -> bool:
@@ -724,7 +817,11 @@ class PartResult:
     and ``error`` says why.  ``lacked_by``: the members that said after the
     round that they did not complete this part (the post-round exchange);
     a part this member completed is then dropped (not completed) if its
-    reducer is gone, else kept and ``disputed``.
+    reducer is gone, else kept and ``disputed``.  ``check``: the verdict of
+    this member's check of the result (``"ok"``, ``"unverifiable"``, or
+    ``"failed"``: then the part is dropped, not completed); None when it was
+    not checked (this member's own part, a part not received, ``verify``
+    off, a rule without a check).
     """
 
     reducer: int
@@ -735,6 +832,7 @@ class PartResult:
     contributions: tuple[Contribution, ...] = ()
     error: str | None = None
     lacked_by: tuple[int, ...] = ()
+    check: str | None = None
 
     @property
     def disputed(self) -> bool:
@@ -779,9 +877,11 @@ class AllReduceResult:
 
     @property
     def disputed(self) -> tuple[int, ...]:
-        """Parts this member completed that a member heard after the round lacks
-        while their reducer is still connected: the members now differ there."""
-        return tuple(p.reducer for p in self.parts if p.disputed)
+        """Parts where this member may now differ from others: completed here
+        while a member heard after the round lacks them and their reducer is
+        still connected, or dropped here because they failed this member's
+        check (members that did not fail it keep them)."""
+        return tuple(p.reducer for p in self.parts if p.disputed or p.check == "failed")
 
     @property
     def completed(self) -> bool:

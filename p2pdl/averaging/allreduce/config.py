@@ -6,7 +6,7 @@ import dataclasses
 
 from ...errors import ConfigError
 from ...service import is_int, is_number
-from .._aggregators import Aggregator
+from .._aggregators import AUTO, Aggregator
 from .._codecs import CodecPolicy
 
 #: Hard limits of the all-reduce, whatever a node's configuration says.
@@ -94,16 +94,29 @@ class AllReduceConfig:
         aggregator: how a reducer combines the contributors' copies of each
             chunk, once their weights are bounded (:class:`~p2pdl.averaging.
             Aggregator`: ``mean``, ``centered_clip``, ``trimmed_mean`` or
-            ``median``).  Default the weighted mean, which is exact and not
-            robust to a member's values (docs/security.md).
-        outlier_factor: under a robust aggregator, in a chunk with at least
-            3 contributors, a sender whose values lie more than this many
-            times the reference distance from the chunk's result (the
-            contributors' median distance, and at least ``tau`` under
-            CenteredClip) is flagged ``outlier_values`` in the node's flag
-            book, once per round; the book bans a peer flagged so
+            ``median``).  Default CenteredClip with ``tau="auto"`` (a radius
+            per chunk from its contributors' own spread): robust to a
+            minority of members whatever values they send, with no radius to
+            tune.  ``Aggregator()`` is the weighted mean: exact and cheaper,
+            for members that trust each other, and not robust to a member's
+            values (docs/security.md).
+        outlier_factor: under a robust aggregator, a sender whose values
+            lie more than this many times the reference distance from the
+            results of its reducer's part (the contributors' median distance
+            in each chunk of at least 3 contributors, and at least ``tau``
+            under a fixed CenteredClip radius; judged over the whole part,
+            at least 64 values) is flagged ``outlier_values`` in the node's
+            flag book, once per round; the book bans a peer flagged so
             ``BAN_AFTER`` times (docs/security.md).  None: nobody is
             flagged.  Default 10 (> 1).
+        verify: after the round, check every other member's result
+            (protocols/allreduce.md, Verification): a part whose check fails
+            is dropped (the caller keeps no update there) and its reducer
+            flagged ``reducer_check_failed``.  Meaningful under CenteredClip,
+            where what a lying contributor can cover is bounded; under the
+            mean a check fails only when every contributor reports.  Each
+            member sends each other member a report of about 1 KiB per part
+            it contributed to.  Default True.
         max_chunks_ahead: a reducer reads a sender's chunks at most this
             many ahead of the first chunk still waiting for some sender, and
             holds them (decoded, float32) until that chunk can be averaged
@@ -126,8 +139,10 @@ class AllReduceConfig:
     max_weight_share: float = 0.5
     max_weight_ratio: float | None = 1.0
     max_chunks_ahead: int = 2
-    aggregator: Aggregator = dataclasses.field(default_factory=lambda: Aggregator())
+    aggregator: Aggregator = dataclasses.field(
+        default_factory=lambda: Aggregator("centered_clip", tau=AUTO))
     outlier_factor: float | None = 10.0
+    verify: bool = True
 
     def __post_init__(self) -> None:
         def check(ok: bool, what: str) -> None:
@@ -162,5 +177,6 @@ class AllReduceConfig:
         check(self.outlier_factor is None
               or (is_number(self.outlier_factor) and self.outlier_factor > 1),
               "outlier_factor must be None or a number > 1")
+        check(isinstance(self.verify, bool), "verify must be True or False")
         check(is_int(self.max_chunks_ahead) and 1 <= self.max_chunks_ahead <= MAX_CHUNKS_AHEAD,
               f"max_chunks_ahead must be an integer in 1..{MAX_CHUNKS_AHEAD}")

@@ -25,9 +25,12 @@ import trio
 from libp2p.peer.id import ID
 
 import p2pdl
-from p2pdl.averaging import AllReduceConfig, CodecPolicy, Group, GroupMemberInfo
+from p2pdl.averaging import Aggregator, AllReduceConfig, CodecPolicy, Group, GroupMemberInfo
 from p2pdl.averaging.allreduce import _service as service
 from p2pdl.testing import loopback_config
+
+#: These tests check the weighted mean (the default rule is CenteredClip).
+MEAN = Aggregator()
 
 SHAPES = [(30000,), (123, 45), (7,)]
 
@@ -81,7 +84,8 @@ async def main(mode: str) -> None:
         members = tuple(GroupMemberInfo(ID.from_base58(p)) for p in request["members"])
         group = Group(hashlib.sha256(request["tag"].encode()).digest(), "run", 1, members)
         me = group.index_of(node.peer_id)
-        config = AllReduceConfig(codecs=CodecPolicy(large="none"), **request["config"])
+        config = AllReduceConfig(aggregator=MEAN, codecs=CodecPolicy(large="none"),
+                                 **request["config"])
         tensors = peer_inputs(request["seed"], me)
         await node.averaging.all_reduce(group, tensors, weight=request["weight"], config=config)
         say(event="finished")  # not expected: the test kills this process first

@@ -14,10 +14,20 @@ import pytest
 import torch
 import trio
 
-from p2pdl.averaging import AllReduceConfig, CodecPolicy, Group, GroupMemberInfo, cap_shares
+from p2pdl.averaging import (
+    Aggregator,
+    AllReduceConfig,
+    CodecPolicy,
+    Group,
+    GroupMemberInfo,
+    cap_shares,
+)
 from p2pdl.testing import open_nodes
 
 from .ar_peer import peer_inputs
+
+#: These tests check the weighted mean (the default rule is CenteredClip).
+MEAN = Aggregator()
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
 
@@ -40,7 +50,7 @@ TIMEOUTS = {"sender_timeout": 2.0, "reducer_timeout": 4.0, "averaging_timeout": 
 @pytest.mark.parametrize("mode", ["scatter", "gather"])
 async def test_a_member_killed_mid_round_leaves_the_others_identical_results(mode):
     seed, weights = 7, [1.0, 2.0, 3.0, 4.0]
-    config = AllReduceConfig(codecs=CodecPolicy(large="none"), **TIMEOUTS)
+    config = AllReduceConfig(aggregator=MEAN, codecs=CodecPolicy(large="none"), **TIMEOUTS)
     async with open_nodes(3) as nodes:
         process = await trio.lowlevel.open_process(
             [sys.executable, str(PEER_SCRIPT), mode], stdin=subprocess.PIPE,

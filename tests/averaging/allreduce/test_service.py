@@ -31,9 +31,12 @@ from p2pdl.testing import open_memory_nodes, open_memory_swarm, open_nodes
 from p2pdl.wire import TensorHeader
 from p2pdl.wire._frames import FrameKind
 
+#: These tests check the weighted mean (the default rule is CenteredClip).
+MEAN = Aggregator()
+
 pytestmark = pytest.mark.timeout(120)
 
-EXACT = AllReduceConfig(codecs=CodecPolicy(large="none"), chunk_values=1024,
+EXACT = AllReduceConfig(aggregator=MEAN, codecs=CodecPolicy(large="none"), chunk_values=1024,
                         sender_timeout=10.0, reducer_timeout=20.0, averaging_timeout=60.0)
 SHAPES = [(1000,), (37, 29), (5,), (3, 1, 700), (1,)]
 
@@ -130,7 +133,8 @@ async def test_a_second_round_and_inplace():
 
 @pytest.mark.parametrize("codec", ["fp16", "uint8"])
 async def test_codecs_stay_within_their_bounds_and_members_agree(codec):
-    config = AllReduceConfig(codecs=CodecPolicy(large=codec, threshold=100), chunk_values=4096,
+    config = AllReduceConfig(aggregator=MEAN, codecs=CodecPolicy(large=codec, threshold=100),
+                             chunk_values=4096,
                              averaging_timeout=30.0)
     shapes = [(20000,), (50,), (300, 40)]
     async with open_nodes(3) as nodes:
@@ -231,7 +235,7 @@ async def misbehave(node, group, peers, how, *, weight=1.0):
 async def test_bad_values_from_one_peer_are_rejected_and_the_round_completes(how, autojump_clock):
     # A silent sender waits out sender_timeout; a broken stream is dropped long before.
     sender_timeout = 1.5 if how == "stall" else 15.0
-    config = AllReduceConfig(codecs=CodecPolicy(large="none"), chunk_values=1024,
+    config = AllReduceConfig(aggregator=MEAN, codecs=CodecPolicy(large="none"), chunk_values=1024,
                              sender_timeout=sender_timeout, reducer_timeout=30.0,
                              averaging_timeout=40.0)
     async with open_memory_nodes(4) as nodes:
@@ -271,7 +275,7 @@ async def test_bad_values_from_one_peer_are_rejected_and_the_round_completes(how
 
 async def test_different_tensors_are_refused_as_layout_mismatch_without_hanging(
         autojump_clock):
-    config = AllReduceConfig(codecs=CodecPolicy(large="none"), sender_timeout=1.0,
+    config = AllReduceConfig(aggregator=MEAN, codecs=CodecPolicy(large="none"), sender_timeout=1.0,
                              reducer_timeout=2.0, averaging_timeout=10.0)
     async with open_memory_nodes(2) as nodes:
         await connect_all(nodes)

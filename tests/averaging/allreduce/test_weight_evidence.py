@@ -16,7 +16,7 @@ import msgpack
 import pytest
 import trio
 
-from p2pdl.averaging import AllReduceConfig, CodecPolicy
+from p2pdl.averaging import Aggregator, AllReduceConfig, CodecPolicy
 from p2pdl.averaging.allreduce._messages import SENDER_MESSAGES, Begin
 from p2pdl.errors import RemoteProtocolError
 from p2pdl.progress import ProgressTracker, sign_report
@@ -25,9 +25,12 @@ from p2pdl.wire import encode_message
 
 from .test_service import connect_all, inputs, make_group, max_error, run_all, weighted_mean
 
+#: These tests check the weighted mean (the default rule is CenteredClip).
+MEAN = Aggregator()
+
 pytestmark = pytest.mark.timeout(120)
 
-EXACT = AllReduceConfig(codecs=CodecPolicy(large="none"), chunk_values=1024,
+EXACT = AllReduceConfig(aggregator=MEAN, codecs=CodecPolicy(large="none"), chunk_values=1024,
                         averaging_timeout=60.0)
 EPOCH = 1   # make_group's epoch, of run "run"
 

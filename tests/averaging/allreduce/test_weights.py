@@ -16,15 +16,18 @@ import torch
 import trio
 
 from p2pdl import NodeConfig
-from p2pdl.averaging import AllReduceConfig, CodecPolicy, Layout, PartReducer
+from p2pdl.averaging import Aggregator, AllReduceConfig, CodecPolicy, Layout, PartReducer
 from p2pdl.progress import ProgressService
 from p2pdl.testing import open_memory_nodes
 
 from .test_service import connect_all, inputs, make_group, max_error, run_all, weighted_mean
 
+#: These tests check the weighted mean (the default rule is CenteredClip).
+MEAN = Aggregator()
+
 pytestmark = pytest.mark.timeout(120)
 
-EXACT = AllReduceConfig(codecs=CodecPolicy(large="none"), chunk_values=1024,
+EXACT = AllReduceConfig(aggregator=MEAN, codecs=CodecPolicy(large="none"), chunk_values=1024,
                         averaging_timeout=60.0)
 INFLATED = float(2**31)
 SLACK = EXACT.weight_slack
@@ -253,7 +256,7 @@ def test_the_median_cap_holds_every_weight_to_a_multiple_of_the_typical_one():
     # two inflaters of five are still a minority: the median is an honest weight
     assert cap_to_median([10.0, 10.0, 10.0, INFLATED, INFLATED], 2.0) == [10.0] * 3 + [20.0] * 2
     with pytest.raises(Exception, match="max_weight_ratio"):
-        AllReduceConfig(max_weight_ratio=0.5)
+        AllReduceConfig(aggregator=MEAN, max_weight_ratio=0.5)
 
 
 @pytest.mark.parametrize("rule", ["median", "centered_clip"])

@@ -1,0 +1,477 @@
+"""Checking a reducer's result without trusting its word, sans-IO.
+
+A reducer returns the aggregate of its part; this module lets the members
+that received it check it (protocols/allreduce.md, Verification).  The
+check rests on the aggregation rule's own fixed-point condition.  With
+``p_j`` the contributors' capped weights over their sum and ``x_j`` their
+values of a chunk as the reducer decoded them, the result ``v`` satisfies
+
+* the weighted mean: ``sum_j p_j (x_j - v) = 0``;
+* CenteredClip with radius ``tau``: ``sum_j p_j (x_j - v) / max(tau, |x_j - v|) = 0``
+  (its fixed point, divided by ``tau``: every term is at most 1 long,
+  whatever ``tau`` the reducer claims; as ``tau`` goes to 0 it becomes the
+  geometric median's condition, so a reducer that claims a tiny radius must
+  still return a robust aggregate).
+
+Nobody but the reducer holds every ``x_j``, but each contributor holds its
+own, so each reports a **sketch** of its own terms: ``s_j = sum_k p_jk S(t_jk)``
+over the part's chunks ``k`` (``t_jk`` its term in chunk ``k``), where ``S``
+is a count sketch -- value ``i`` of the part is added, with a sign ``+-1``,
+into one of SKETCH_BUCKETS buckets, both drawn from the verifying member's
+**nonce** (:func:`sketch_plan`: SHAKE-256, the same on every machine).  The
+nonce is revealed only after every result was received and every
+contributor's values were fixed, so neither the reducer nor a contributor
+can aim at the sketch.  ``S`` is linear, so an honest reducer's
+contributors' sketches sum to about zero; and it keeps norms: ``|S(t)|`` is
+within a few percent of ``|t|`` for a vector spread over many values, and
+beyond NORM_SLACK times it only with odds of 1 in 65536 for one concentrated
+on a few.
+
+What a contributor can lie about is bounded: each ``t_jk`` is at most 1
+long, so ``|s_j| <= NORM_SLACK * sqrt(sum_k p_jk^2)`` (:func:`sketch_bound`).
+A sketch beyond that is a lie on its face; a sketch that is missing or a lie
+counts as unknown within that bound.  So a reducer (whose own values count
+as a contributor's) and the contributors colluding with it can hide a
+shift of its result only while their weight, times NORM_SLACK, outweighs
+what the shift does to the honest terms.  A shift far beyond the honest
+spread turns every honest term into about the same unit vector: it is
+caught while the colluding share of the weight is below about
+``1 / (1 + NORM_SLACK)``.  A small shift ``delta`` moves each unclipped
+honest term by ``delta / tau``: it is caught beyond about ``NORM_SLACK *
+p_bad / p_unclipped * tau``, the order of what CenteredClip concedes to a
+malicious contributor anyway.  Under the mean there is no such bound:
+verification is meaningful under CenteredClip.
+
+The radius itself is the reducer's claim: a fixed ``tau`` must be the
+layout's; with ``tau="auto"`` it must lie within a factor TAU_SLACK of the
+weighted median of the contributors' own distances to the result, which
+each contributor reports beside its sketch (a radius far larger would let
+far values count as if unclipped; one far smaller would make the check's
+numerical allowance, which grows as ``1 / tau``, too loose to mean
+anything).
+
+The numerical slack of an honest result (its codec's rounding, float32
+sums, CenteredClip's stopping rule) is bounded from the result alone
+(:func:`tolerance`), so the verdict depends on the reports and the result,
+never on the reducer's word.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._aggregators import Aggregator
+
+if TYPE_CHECKING:
+    import torch
+
+#: The all-reduce's ``Layout`` and ``ChunkSpec`` (``_state``, which imports this
+#: module): only their attributes are used here.
+Layout = Any
+ChunkSpec = Any
+
+__all__ = ["SKETCH_BUCKETS", "NORM_SLACK", "NONCE_SIZE", "TAU_SLACK", "RESIDUAL_SLACK",
+           "ChunkClaim", "Report", "Verdict", "sketch_plan", "verifiable", "contributor_report",
+           "sketch_bound", "tolerance", "check_part", "RoundVerifier"]
+
+#: Buckets of a sketch (a report holds this many float64 values per part).
+SKETCH_BUCKETS = 256
+#: A sketch's norm is taken to be at most this many times its vector's: a
+#: vector spread over many values keeps its norm within about
+#: ``sqrt(2 / SKETCH_BUCKETS)`` (9 %); beyond 1.5 takes three of its few
+#: largest values landing in one bucket with one sign (odds 1 / 65536).
+NORM_SLACK = 1.5
+#: Bytes of a verifier's nonce.
+NONCE_SIZE = 32
+#: ``tau="auto"``: a claimed radius must lie within this factor of the weighted
+#: median of the contributors' distances to the result (the radius is the
+#: median distance to the medoid, about sqrt(2) times that for spread values).
+TAU_SLACK = 4.0
+#: Under CenteredClip, what the sum of the terms may miss zero by in each chunk
+#: besides rounding (in units of the terms, which are at most 1 long): the
+#: result is a fixed point only to its stopping rule (``tolerance * tau``
+#: per step, ``iterations`` steps at most, and a few chunks converge slowly).
+#: A shift that hides in it moves a chunk by about a hundredth of ``tau``.
+RESIDUAL_SLACK = 1e-2
+#: float32 sums: each value of a result may be off by this many units in the
+#: last place of float32 per contributor (besides the codec's rounding).
+FLOAT32_ULPS = 2.0
+_FLOAT32_EPSILON = 2.0 ** -23
+_DOMAIN = b"p2pdl/allreduce/verify/1"
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkClaim:
+    """What a reducer says of one chunk of its part: the contributors
+    (ascending), each one's weight as it counted it, and CenteredClip's radius
+    (None under the mean)."""
+
+    contributors: tuple[int, ...]
+    weights: tuple[float, ...]
+    tau: float | None = None
+
+    def share(self, member: int) -> float:
+        """``member``'s weight over the chunk's total (0 when it is no contributor)."""
+        total = math.fsum(self.weights)
+        if total <= 0 or member not in self.contributors:
+            return 0.0
+        return self.weights[self.contributors.index(member)] / total
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """A contributor's report on one part, for one verifier's nonce: the
+    ``sketch`` of its weighted terms (SKETCH_BUCKETS values) and its distance
+    to the result in each chunk (0 where it contributed nothing)."""
+
+    sketch: tuple[float, ...]
+    distances: tuple[float, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The check of one part.
+
+    ``status``: ``"ok"``, ``"failed"`` (the sketches do not sum to zero within
+    the bounds, or a claimed radius is not the rule's: the result is not its
+    rule's aggregate of what the contributors sent -- or contributors lied
+    within their bounds, which only their data can tell), or
+    ``"unverifiable"`` (a rule without a check, or, under the mean, a
+    contributor's sketch missing).  ``liars``: contributors whose report is a
+    lie on its face (a sketch beyond its bound, or malformed).  ``missing``:
+    contributors with no report.  ``excess``: the norm of the known sketches'
+    sum minus what rounding and the unknown sketches allow (positive when
+    failed).  ``reason``: for people.
+    """
+
+    status: str
+    liars: frozenset[int] = frozenset()
+    missing: frozenset[int] = frozenset()
+    excess: float = 0.0
+    reason: str = ""
+
+
+def sketch_plan(group_id: bytes, part: int, nonce: bytes, numel: int) -> torch.Tensor:
+    """The slot (int32) of each of the part's ``numel`` values: value ``i``
+    reads bytes ``2i, 2i+1`` of SHAKE-256(domain, group, part, nonce) as a
+    little-endian 16-bit number ``u``; its bucket is ``u mod SKETCH_BUCKETS``
+    (its low byte), its sign ``+1`` when bit 8 of ``u`` is set, else ``-1``;
+    its slot is ``2 * bucket + (1 if the sign is +1 else 0)``."""
+    import torch
+
+    seed = hashlib.shake_256(_DOMAIN + len(group_id).to_bytes(1, "big") + group_id
+                             + part.to_bytes(2, "big") + nonce)
+    if numel == 0:
+        return torch.zeros(0, dtype=torch.int32)
+    raw = torch.frombuffer(bytearray(seed.digest(2 * numel)), dtype=torch.uint8)
+    slots = raw[0::2].to(torch.int32).mul_(2)
+    return slots.add_((raw[1::2] & 1).to(torch.int32))
+
+
+def verifiable(aggregator: Aggregator) -> bool:
+    """Whether results under ``aggregator`` can be checked (mean, CenteredClip)."""
+    return aggregator.name in ("mean", "centered_clip")
+
+
+def contributor_report(layout: Layout, part: int, values: torch.Tensor, result: torch.Tensor,
+                       claims: Sequence[ChunkClaim], member: int, plan: torch.Tensor) -> Report:
+    """What ``member`` reports of ``part`` for a verifier's ``plan``
+    (:func:`sketch_plan`): the sketch of its weighted terms and its distance
+    to the result per chunk.  ``values``: its values of the part exactly as
+    the reducer decoded them (decode its own encoded chunks); ``result``: the
+    part as received."""
+    import torch
+
+    slots = torch.zeros(2 * SKETCH_BUCKETS, dtype=torch.float64)
+    distances = []
+    for chunk, claim in zip(layout.chunks[part], claims, strict=True):
+        share = claim.share(member)
+        if share == 0:
+            distances.append(0.0)
+            continue
+        lo = chunk.start - chunk.part_start
+        hi = lo + chunk.count
+        difference = (values[lo:hi].to(torch.float32) - result[lo:hi].to(torch.float32)
+                      ).to(torch.float64)
+        distance = float(torch.linalg.vector_norm(difference))
+        distances.append(distance)
+        scale = 1.0 if claim.tau is None else max(float(claim.tau), distance)
+        if scale > 0:   # (else the term is the zero vector)
+            slots.index_add_(0, plan[lo:hi], difference, alpha=share / scale)
+    sketch = slots[1::2] - slots[0::2]
+    return Report(tuple(sketch.tolist()), tuple(distances))
+
+
+def sketch_bound(claims: Sequence[ChunkClaim], member: int) -> float | None:
+    """The largest norm ``member``'s sketch may have (NORM_SLACK times the
+    longest its weighted terms can be); None under the mean (no bound)."""
+    total = 0.0
+    for claim in claims:
+        share = claim.share(member)
+        if share == 0:
+            continue
+        if claim.tau is None:
+            return None
+        total += share * share
+    return NORM_SLACK * math.sqrt(total)
+
+
+def tolerance(layout: Layout, part: int, result: torch.Tensor,
+              claims: Sequence[ChunkClaim], distances: Sequence[float] | None = None
+              ) -> float:
+    """How large the sum of an honest reducer's contributors' sketches may be.
+
+    The result may differ from the exact fixed point by ``e``: its codec's
+    rounding (the codec's documented bound), float32 sums (FLOAT32_ULPS per
+    contributor of the magnitude of the values summed: the result's, plus
+    ``distances[k]``, a typical contributor's distance to it in chunk ``k``)
+    and, under CenteredClip, the stopping rule (RESIDUAL_SLACK in units of
+    the terms).  That moves the sum of the terms by at most ``|e|`` (mean) or
+    ``2 |e| / tau`` (CenteredClip's term ``y / max(tau, |y|)`` changes by at
+    most ``2 / tau`` per unit of ``y``), and its sketch by at most NORM_SLACK
+    times that.  A chunk of radius 0 adds nothing here (:func:`check_part`
+    counts its contributors near the result as unknown instead)."""
+    squared = 0.0
+    for k, (chunk, claim) in enumerate(zip(layout.chunks[part], claims, strict=True)):
+        if not claim.contributors:
+            continue
+        norm = _rounding(chunk, result, len(claim.contributors),
+                         distances[k] if distances is not None else 0.0)
+        if claim.tau is None:
+            squared += norm * norm
+        elif claim.tau > 0:
+            squared += (2 * norm / claim.tau + RESIDUAL_SLACK) ** 2
+    return NORM_SLACK * math.sqrt(squared)
+
+
+def _rounding(chunk: ChunkSpec, result: torch.Tensor, contributors: int, distance: float
+              ) -> float:
+    """A bound of the norm of an honest result's rounding in ``chunk``."""
+    import torch
+
+    lo = chunk.start - chunk.part_start
+    values = result[lo:lo + chunk.count]
+    codec = float(torch.linalg.vector_norm(chunk.codec.error_bound(values)))
+    magnitude = float(torch.linalg.vector_norm(values.to(torch.float64))) \
+        + math.sqrt(contributors) * distance
+    return codec + FLOAT32_ULPS * (contributors + 1) * _FLOAT32_EPSILON * magnitude
+
+
+def check_part(layout: Layout, part: int, result: torch.Tensor,
+               claims: Sequence[ChunkClaim], reports: Mapping[int, Report | None]
+               ) -> Verdict:
+    """The verdict on ``part`` from the result as received, the reducer's
+    ``claims`` (one per chunk) and every contributor's report (None or
+    absent: none came).
+
+    A report of the wrong shape, with a non-finite value, a negative distance
+    or a sketch beyond :func:`sketch_bound` makes its contributor a liar; a
+    liar's and a missing contributor's sketch counts as unknown within its
+    bound (under the mean, unbounded: unverifiable), and so, in a chunk of
+    radius 0 (the medoid's values), does the term of a contributor at
+    distance 0 (any vector up to 1 long there).  The part fails when the
+    known sketches sum to a norm beyond :func:`tolerance` plus the unknown
+    ones' bounds, or when a claimed radius is not the rule's (fixed ``tau``:
+    the layout's; ``auto``: within a factor TAU_SLACK of the weighted median
+    of the reported distances of the chunk's contributors)."""
+    import torch
+
+    aggregator = layout.aggregator
+    if not verifiable(aggregator):
+        return Verdict("unverifiable", reason=f"the {aggregator.name} rule has no check")
+    chunks = layout.chunks[part]
+    if len(claims) != len(chunks):
+        return Verdict("failed", reason="the claims do not cover the part's chunks")
+    contributors = sorted({j for claim in claims for j in claim.contributors})
+    liars, missing = set(), set()
+    known: dict[int, Report] = {}
+    for j in contributors:
+        report = reports.get(j)
+        if report is None:
+            missing.add(j)
+            continue
+        if len(report.sketch) != SKETCH_BUCKETS or len(report.distances) != len(chunks) \
+                or not all(math.isfinite(v) for v in report.sketch) \
+                or not all(math.isfinite(d) and d >= 0 for d in report.distances):
+            liars.add(j)
+            continue
+        bound = sketch_bound(claims, j)
+        if bound is not None and math.sqrt(math.fsum(v * v for v in report.sketch)) > bound:
+            liars.add(j)
+            continue
+        known[j] = report
+    slack = 0.0
+    for j in sorted(liars | missing):
+        bound = sketch_bound(claims, j)
+        if bound is None:
+            return Verdict("unverifiable", frozenset(liars), frozenset(missing),
+                           reason=f"under the mean, member {j}'s sketch is unknown")
+        slack += bound
+    radius = _radius_lie(aggregator, claims, known)
+    if radius:
+        return Verdict("failed", frozenset(liars), frozenset(missing), reason=radius)
+    typical = []
+    for k, (chunk, claim) in enumerate(zip(chunks, claims, strict=True)):
+        reported = _reported(claim, known, k)
+        typical.append(_weighted_median(reported) if reported else 0.0)
+        if claim.tau == 0 and claim.contributors:
+            near = _rounding(chunk, result, len(claim.contributors), 0.0)
+            slack += NORM_SLACK * math.fsum(claim.share(j) for j in claim.contributors
+                                            if j in known and known[j].distances[k] <= near)
+    allowance = tolerance(layout, part, result, claims, typical) + slack
+    total = torch.zeros(SKETCH_BUCKETS, dtype=torch.float64)
+    for j in sorted(known):
+        total += torch.tensor(known[j].sketch, dtype=torch.float64)
+    excess = float(torch.linalg.vector_norm(total)) - allowance
+    if excess > 0:
+        return Verdict("failed", frozenset(liars), frozenset(missing), excess,
+                       f"the contributors' sketches sum {excess:.3g} beyond what rounding "
+                       f"and the unknown sketches allow")
+    return Verdict("ok", frozenset(liars), frozenset(missing), excess)
+
+
+def _reported(claim: ChunkClaim, known: Mapping[int, Report], k: int
+              ) -> list[tuple[float, float]]:
+    """(distance, weight) of the chunk's contributors that reported."""
+    return [(known[j].distances[k], w) for j, w
+            in zip(claim.contributors, claim.weights, strict=True) if j in known and w > 0]
+
+
+def _radius_lie(aggregator: Aggregator, claims: Sequence[ChunkClaim],
+                known: Mapping[int, Report]) -> str:
+    """Why a claimed radius is not the rule's ("" when every one is).  The
+    distances of contributors that did not report (or lied) are unknown: the
+    upper check takes them as infinite, the lower one as 0, so a missing
+    report never makes an honest radius look wrong."""
+    for k, claim in enumerate(claims):
+        if aggregator.name == "mean":
+            if claim.tau is not None:
+                return f"chunk {k}: a radius under the mean"
+            continue
+        if claim.tau is None or not math.isfinite(claim.tau) or claim.tau < 0:
+            return f"chunk {k}: no valid radius"
+        if aggregator.tau != "auto":
+            if claim.tau != float(aggregator.tau):
+                return f"chunk {k}: radius {claim.tau:g}, not the rule's {aggregator.tau:g}"
+            continue
+        unknown = [w for j, w in zip(claim.contributors, claim.weights, strict=True)
+                   if j not in known and w > 0]
+        reported = _reported(claim, known, k)
+        high = _weighted_median(reported + [(math.inf, w) for w in unknown])
+        low = _weighted_median(reported + [(0.0, w) for w in unknown])
+        if claim.tau > TAU_SLACK * high * (1 + 1e-9):
+            return (f"chunk {k}: radius {claim.tau:.3g} beyond {TAU_SLACK:g} times the "
+                    f"contributors' median distance {high:.3g}")
+        if claim.tau * TAU_SLACK < low * (1 - 1e-9):
+            return (f"chunk {k}: radius {claim.tau:.3g} below the contributors' median "
+                    f"distance {low:.3g} over {TAU_SLACK:g}")
+    return ""
+
+
+def _weighted_median(pairs: Sequence[tuple[float, float]]) -> float:
+    """The upper weighted median of (value, weight) pairs (0 for none)."""
+    if not pairs:
+        return 0.0
+    ordered = sorted(pairs)
+    total = math.fsum(w for _, w in ordered)
+    cumulative = 0.0
+    for value, weight in ordered:
+        cumulative += weight
+        if cumulative >= total / 2:
+            return value
+    return ordered[-1][0]
+
+
+class RoundVerifier:
+    """One member's verification of one round, sans-IO.
+
+    Built once the member's round settled, with the parts it holds: for each,
+    the result as it holds it, the reducer's claims (None: the reducer said
+    too little to be checked) and its digest; and ``values``, which gives
+    this member's own values of a part as its reducer decoded them.  It
+    draws this member's nonce (``nonce``: a random NONCE_SIZE bytes from the
+    caller), answers each other member's nonce with this member's reports on
+    the parts it contributed to (:meth:`reports_for`), collects the others'
+    reports (:meth:`hear_reports`) and gives a verdict per part
+    (:meth:`verdicts`): every part it holds but its own, since only the
+    reducer holds every contributor's values of its own part.
+    """
+
+    def __init__(self, layout: Layout, group_id: bytes, me: int, nonce: bytes,
+                 results: Mapping[int, torch.Tensor],
+                 claims: Mapping[int, Sequence[ChunkClaim] | None],
+                 digests: Mapping[int, bytes],
+                 values: Callable[[int], torch.Tensor]) -> None:
+        self.layout = layout
+        self.group_id = group_id
+        self.me = me
+        self.nonce = nonce
+        self.results = dict(results)
+        self.claims = dict(claims)
+        self.digests = dict(digests)
+        self._values = values
+        self._own: dict[int, torch.Tensor] = {}
+        #: part -> contributor -> its report (None: its digest differed from ours,
+        #: or the report was malformed)
+        self.heard: dict[int, dict[int, Report | None]] = {}
+
+    @property
+    def checked_parts(self) -> list[int]:
+        """The parts this member verifies: those it holds with claims, but its own."""
+        return sorted(r for r in self.results
+                      if r != self.me and self.claims.get(r) is not None)
+
+    def reports_for(self, verifier: int, nonce: bytes, parts: Sequence[int],
+                    digests: Sequence[bytes]) -> list[tuple[int, bytes, Report]]:
+        """This member's reports, for ``verifier``'s ``nonce``, on the parts
+        both hold (``parts``/``digests``: what the verifier said it holds) and
+        this member contributed to, but the verifier's own; each with the
+        digest of the result this member holds."""
+        theirs = dict(zip(parts, digests, strict=False))
+        out = []
+        for r in sorted(self.results):
+            claims = self.claims.get(r)
+            if r == verifier or r not in theirs or claims is None \
+                    or not any(self.me in c.contributors for c in claims):
+                continue
+            plan = sketch_plan(self.group_id, r, nonce, self.results[r].numel())
+            report = contributor_report(self.layout, r, self._own_values(r), self.results[r],
+                                        claims, self.me, plan)
+            out.append((r, self.digests[r], report))
+        return out
+
+    def _own_values(self, part: int) -> torch.Tensor:
+        if part not in self._own:
+            self._own[part] = self._values(part)
+        return self._own[part]
+
+    def hear_reports(self, member: int, reports: Sequence[tuple[int, bytes, Report | None]]
+                     ) -> None:
+        """``member``'s reports for this member's nonce.  A report on a part
+        this member does not check, a second one, or one whose digest is not
+        the result this member holds counts as none (the member or the
+        reducer lied; which one, only signatures can tell)."""
+        for part, digest, report in reports:
+            if part not in self.checked_parts or member in self.heard.get(part, {}):
+                continue
+            self.heard.setdefault(part, {})[member] = \
+                report if digest == self.digests.get(part) else None
+
+    def verdicts(self) -> dict[int, Verdict]:
+        """A verdict on every part this member checks, from what it heard and its
+        own report (it contributed to the part, or not)."""
+        out = {}
+        for r in self.checked_parts:
+            claims = self.claims[r]
+            assert claims is not None
+            reports = dict(self.heard.get(r, {}))
+            if any(self.me in c.contributors for c in claims):
+                plan = sketch_plan(self.group_id, r, self.nonce, self.results[r].numel())
+                reports[self.me] = contributor_report(self.layout, r, self._own_values(r),
+                                                      self.results[r], claims, self.me, plan)
+            out[r] = check_part(self.layout, r, self.results[r], claims, reports)
+        return out

@@ -1,0 +1,406 @@
+"""Reducer verification, sans-IO (p2pdl.averaging.allreduce._verify): an honest
+reducer's result passes whatever its contributors send, a result that is not
+its rule's fails, a contributor's lie is bounded, and the directions are the
+same bits on every machine."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import pytest
+import torch
+import trio
+
+from p2pdl.averaging import Aggregator, CodecPolicy, Layout, PartReducer
+from p2pdl.averaging.allreduce._verify import (
+    NORM_SLACK,
+    SKETCH_BUCKETS,
+    TAU_SLACK,
+    ChunkClaim,
+    Report,
+    check_part,
+    contributor_report,
+    sketch_bound,
+    sketch_plan,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+GROUP = hashlib.sha256(b"verify").digest()
+RULES = {"mean": Aggregator(), "centered_clip": Aggregator("centered_clip", tau="auto"),
+         "centered_clip_fixed": Aggregator("centered_clip", tau=0.5)}
+
+
+def reduce_part(layout: Layout, part: int, rows: torch.Tensor, weights: list[float]
+                ) -> tuple[torch.Tensor, list[ChunkClaim], torch.Tensor]:
+    """Run the real PartReducer for ``part`` (member ``part`` reduces it; every
+    member contributes ``rows[j]``).  Returns the result as every member holds
+    it, the reducer's claims, and each contributor's values of the part as the
+    reducer decoded them."""
+    lo, hi = layout.part_bounds[part]
+    n = rows.shape[0]
+    senders = [j for j in range(n) if j != part]
+    reducer = PartReducer(layout, part, senders, rows[part, lo:hi].clone(), weights[part],
+                          part, 0.0, 10.0, max_share=0.5, max_ratio=1.0)
+    decoded = rows[:, lo:hi].clone()
+    for j in senders:
+        reducer.begin(j, weights[j], True, 0.0)
+    for chunk in layout.chunks[part]:
+        for j in senders:
+            payload = chunk.codec.encode(rows[j, chunk.start:chunk.end])
+            reducer.add_chunk(j, chunk.header(), payload, 0.0)
+            a = chunk.start - chunk.part_start
+            decoded[j, a:a + chunk.count] = chunk.codec.decode(bytes(payload), chunk.count)
+        reducer.finalize()
+    assert reducer.complete
+    return reducer.result().clone(), reducer.claims, decoded
+
+
+def reports_for(layout: Layout, part: int, result: torch.Tensor, claims: list[ChunkClaim],
+                decoded: torch.Tensor, nonce: bytes) -> dict[int, Report]:
+    plan = sketch_plan(GROUP, part, nonce, result.numel())
+    members = sorted({j for c in claims for j in c.contributors})
+    return {j: contributor_report(layout, part, decoded[j], result, claims, j, plan)
+            for j in members}
+
+
+def scenario(rule: str, codec: str, seed: int, *, n: int = 4, numel: int = 6000,
+             attack: str | None = None) -> tuple[Layout, torch.Tensor, list[float]]:
+    gen = torch.Generator().manual_seed(seed)
+    policy = CodecPolicy(large=codec, threshold=100)
+    layout = Layout.for_tensors([37, numel], [1.0 / n] * n, policy, 1024, RULES[rule])
+    common = torch.randn(numel + 37, generator=gen)
+    rows = torch.stack([common + 0.1 * torch.randn(numel + 37, generator=gen)
+                        for _ in range(n)])
+    if attack == "scaled":
+        rows[n - 1] *= -100
+    elif attack == "constant":
+        rows[n - 1] = common + 3.0
+    weights = [float(8 + j) for j in range(n)]
+    return layout, rows, weights
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+@pytest.mark.parametrize("codec", ["none", "fp16"])
+@pytest.mark.parametrize("attack", [None, "scaled", "constant"])
+def test_an_honest_reducer_passes_whatever_its_contributors_send(rule, codec, attack):
+    for seed in range(3):
+        layout, rows, weights = scenario(rule, codec, seed, attack=attack)
+        for part in range(len(weights)):
+            result, claims, decoded = reduce_part(layout, part, rows, weights)
+            for nonce in (b"a" * 32, b"b" * 32):
+                reports = reports_for(layout, part, result, claims, decoded, nonce)
+                verdict = check_part(layout, part, result, claims, reports)
+                assert verdict.status == "ok", (rule, codec, attack, seed, part, verdict)
+                assert not verdict.liars and not verdict.missing
+
+
+def lie(kind: str, result: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    if kind == "shifted":
+        return result + 0.5       # half of the values' typical size, everywhere
+    if kind == "zeroed":
+        return torch.zeros_like(result)
+    if kind == "scaled":
+        return result * 1.5
+    if kind == "swapped":   # another part's result (or its values reversed)
+        return other[:result.numel()].clone() if other.numel() >= result.numel() \
+            else result.flip(0)
+    raise AssertionError(kind)
+
+
+@pytest.mark.parametrize("rule", list(RULES))
+@pytest.mark.parametrize("kind", ["shifted", "zeroed", "scaled", "swapped"])
+def test_a_result_that_is_not_the_rules_fails_every_time(rule, kind):
+    for seed in range(3):
+        layout, rows, weights = scenario(rule, "fp16", seed)
+        honest = [reduce_part(layout, part, rows, weights) for part in range(len(weights))]
+        for part, (result, claims, decoded) in enumerate(honest):
+            other = honest[(part + 1) % len(honest)][0]
+            forged = lie(kind, result, other)
+            for nonce in (b"a" * 32, b"c" * 32):
+                reports = reports_for(layout, part, forged, claims, decoded, nonce)
+                verdict = check_part(layout, part, forged, claims, reports)
+                assert verdict.status == "failed", (rule, kind, seed, part, verdict)
+
+
+def test_a_radius_far_from_the_contributors_distances_fails():
+    layout, rows, weights = scenario("centered_clip", "none", 1, attack="scaled")
+    result, claims, decoded = reduce_part(layout, 0, rows, weights)
+    # the radius that would let the scaled member count unclipped: refused
+    wide = [ChunkClaim(c.contributors, c.weights, c.tau * 1000) for c in claims]
+    reports = reports_for(layout, 0, result, wide, decoded, b"n" * 32)
+    verdict = check_part(layout, 0, result, wide, reports)
+    assert verdict.status == "failed" and "radius" in verdict.reason
+    assert all(c.tau <= TAU_SLACK * 2 for c in claims)  # the honest radii are far below
+    # a radius near 0 would make the rounding allowance (which grows as 1 / tau)
+    # mean nothing: refused too
+    tiny = [ChunkClaim(c.contributors, c.weights, c.tau / 1000) for c in claims]
+    reports = reports_for(layout, 0, result, tiny, decoded, b"n" * 32)
+    verdict = check_part(layout, 0, result, tiny, reports)
+    assert verdict.status == "failed" and "below" in verdict.reason
+    # a fixed radius must be the rule's
+    fixed = Layout.for_tensors([37, 6000], [0.25] * 4, CodecPolicy(large="none"), 1024,
+                               RULES["centered_clip_fixed"])
+    result, claims, decoded = reduce_part(fixed, 0, rows, weights)
+    assert all(c.tau == 0.5 for c in claims)
+    other = [ChunkClaim(c.contributors, c.weights, 0.25) for c in claims]
+    reports = reports_for(fixed, 0, result, other, decoded, b"n" * 32)
+    assert check_part(fixed, 0, result, other, reports).status == "failed"
+
+
+def norm(values) -> float:
+    return math.sqrt(sum(v * v for v in values))
+
+
+def test_a_sketch_beyond_its_bound_is_a_lie_and_counts_as_unknown():
+    layout, rows, weights = scenario("centered_clip", "fp16", 2)
+    result, claims, decoded = reduce_part(layout, 1, rows, weights)
+    reports = reports_for(layout, 1, result, claims, decoded, b"x" * 32)
+    bound = sketch_bound(claims, 3)
+    assert bound is not None and bound <= NORM_SLACK
+    # every honest sketch keeps its terms' norm within a few percent
+    for j, report in reports.items():
+        assert norm(report.sketch) <= bound, j
+    reports[3] = Report((bound * 1.01,) + (0.0,) * (SKETCH_BUCKETS - 1), reports[3].distances)
+    verdict = check_part(layout, 1, result, claims, reports)
+    assert verdict.liars == {3} and verdict.status == "ok"   # the honest result holds
+    zeros = (0.0,) * SKETCH_BUCKETS
+    for bad in (Report((math.nan,) + zeros[1:], reports[0].distances),
+                Report(zeros[1:], reports[0].distances),
+                Report(zeros, reports[0].distances[:-1]),
+                Report(zeros, (-1.0,) * len(reports[0].distances))):
+        verdict = check_part(layout, 1, result, claims, {**reports, 0: bad})
+        assert 0 in verdict.liars
+    # a missing report is unknown within its bound under CenteredClip...
+    verdict = check_part(layout, 1, result, claims, {**reports, 2: None})
+    assert verdict.missing == {2} and verdict.status == "ok"
+    # ... and unverifiable under the mean, where a term has no bound
+    mean = Layout.for_tensors([37, 6000], [0.25] * 4, CodecPolicy(large="fp16", threshold=100),
+                              1024, RULES["mean"])
+    result, claims, decoded = reduce_part(mean, 1, rows, weights)
+    reports = reports_for(mean, 1, result, claims, decoded, b"x" * 32)
+    assert sketch_bound(claims, 2) is None
+    assert check_part(mean, 1, result, claims, {**reports, 2: None}).status == "unverifiable"
+
+
+@pytest.mark.parametrize("members", [3, 4, 8])
+def test_a_reducer_covering_itself_is_caught_beyond_its_bound(members):
+    """The reducer's own values count as a contributor's: it reports whatever
+    sketch hides its shift, within its bound.  A shift far beyond the honest
+    spread still shows, while its share is below 1 / (1 + NORM_SLACK)."""
+    for seed in range(3):
+        layout, rows, weights = scenario("centered_clip", "fp16", seed, n=members)
+        for part in range(members):
+            result, claims, decoded = reduce_part(layout, part, rows, weights)
+            shifted = result + 5.0    # fifty times the honest values' spread
+            reports = reports_for(layout, part, shifted, claims, decoded, b"y" * 32)
+            others = [torch.tensor(r.sketch) for j, r in reports.items() if j != part]
+            honest = torch.stack(others).sum(dim=0)
+            bound = sketch_bound(claims, part)
+            cover = -honest * min(1.0, 0.999 * bound / float(honest.norm()))
+            reports[part] = Report(tuple(cover.tolist()), reports[part].distances)
+            verdict = check_part(layout, part, shifted, claims, reports)
+            assert verdict.status == "failed" and part not in verdict.liars, verdict
+
+
+def test_the_sketch_plan_is_fixed_bits_of_shake256():
+    slots = sketch_plan(GROUP, 3, b"\x01" * 32, 20)
+    seed = hashlib.shake_256(b"p2pdl/allreduce/verify/1" + bytes([32]) + GROUP
+                             + (3).to_bytes(2, "big") + b"\x01" * 32).digest(40)
+    u = [seed[2 * i] | seed[2 * i + 1] << 8 for i in range(20)]
+    assert slots.tolist() == [2 * (x % SKETCH_BUCKETS) + (x >> 8 & 1) for x in u]
+    assert torch.equal(slots, sketch_plan(GROUP, 3, b"\x01" * 32, 20))
+    assert not torch.equal(slots, sketch_plan(GROUP, 3, b"\x02" * 32, 20))
+    assert not torch.equal(slots, sketch_plan(GROUP, 4, b"\x01" * 32, 20))
+    big = sketch_plan(GROUP, 0, b"\x00" * 32, 100000)
+    assert abs(float((big % 2).float().mean()) - 0.5) < 0.01       # balanced signs
+    counts = torch.bincount((big // 2).long(), minlength=SKETCH_BUCKETS)
+    assert counts.numel() == SKETCH_BUCKETS and int(counts.min()) > 300
+    assert sketch_plan(GROUP, 0, b"", 0).numel() == 0
+    # a sketch is the signed sums per bucket
+    values = torch.randn(20, dtype=torch.float64)
+    layout = Layout.for_tensors([20], [1.0], CodecPolicy(), 1024, RULES["mean"])
+    claim = [ChunkClaim((0,), (1.0,), None)]
+    report = contributor_report(layout, 0, values.float(), torch.zeros(20), claim, 0, slots)
+    expected = [0.0] * SKETCH_BUCKETS
+    for i, x in enumerate(u):
+        expected[x % SKETCH_BUCKETS] += float(values.float()[i]) * (1 if x >> 8 & 1 else -1)
+    assert report.sketch == pytest.approx(expected, abs=1e-12)
+
+
+def test_rules_without_a_check_are_unverifiable():
+    layout = Layout.for_tensors([2000], [0.5, 0.5], CodecPolicy(), 1024, Aggregator("median"))
+    rows = torch.randn(2, 2000, generator=torch.Generator().manual_seed(1))
+    result, claims, decoded = reduce_part(layout, 0, rows, [1.0, 1.0])
+    assert check_part(layout, 0, result, claims, {}).status == "unverifiable"
+
+
+# -- on the wire: members check each other's results after the round ------------------
+
+
+def lying_reducer(monkeypatch, liar: int, shift: float) -> None:
+    """Member ``liar`` adds ``shift`` to every value of its part's results (its
+    own copy too), after averaging them honestly: what every member receives."""
+    from p2pdl.averaging.allreduce import _state
+
+    honest_finalize = _state.PartReducer.finalize
+
+    def finalize(self):
+        done = honest_finalize(self)
+        if self.me == liar:
+            for k in done:
+                chunk = self.chunks[k]
+                lo = chunk.start - chunk.part_start
+                out = self.sum[lo:lo + chunk.count]
+                out.add_(shift)
+                self.payloads[k] = chunk.codec.encode(out)
+        return done
+
+    monkeypatch.setattr(_state.PartReducer, "finalize", finalize)
+
+
+async def test_a_lying_reducer_is_caught_by_every_member_and_its_part_dropped(monkeypatch):
+    from p2pdl.averaging import AllReduceConfig
+    from p2pdl.testing import open_memory_nodes
+
+    from .test_service import connect_all
+
+    config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000), chunk_values=1024)
+    lying_reducer(monkeypatch, 3, 10.0)
+    async with open_memory_nodes(4) as nodes:
+        await connect_all(nodes)
+        results, xs = await run_group(nodes, config, b"liar")
+        honest = [results[i] for i in range(3)]
+        for me, result in enumerate(honest):
+            part = result.parts[3]
+            assert not part.completed and part.check == "failed", part
+            assert 3 in result.disputed
+            for r in range(3):
+                if r != me:
+                    assert result.parts[r].check == "ok", result.parts[r]
+            stats = nodes[me].averaging.statistics()
+            assert stats["parts_check_failed"] == 1 and stats["parts_checked"] == 3
+            assert nodes[me].flags.count(nodes[3].peer_id, "reducer_check_failed") == 1
+            for other in range(3):
+                assert nodes[me].flags.count(nodes[other].peer_id) == 0
+        # every honest member dropped the part alike: each keeps its own values there,
+        # and the parts that passed are bit-identical
+        lo, hi = honest[0].parts[3].start, honest[0].parts[3].end
+        flats = [torch.cat([t.flatten() for t in r.tensors]) for r in honest]
+        for i, f in enumerate(flats):
+            own = torch.cat([t.flatten() for t in xs[i]])
+            assert torch.equal(f[lo:hi], own[lo:hi])
+            assert torch.equal(f[:lo], flats[0][:lo])
+
+
+async def test_honest_rounds_pass_every_check_and_verify_off_sends_nothing():
+    from p2pdl.averaging import AllReduceConfig
+    from p2pdl.testing import open_memory_nodes
+
+    from .test_service import connect_all
+
+    async with open_memory_nodes(4) as nodes:
+        await connect_all(nodes)
+        for verify in (True, False):
+            config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000),
+                                     chunk_values=1024, verify=verify)
+            results, _ = await run_group(nodes, config, b"honest-%d" % verify, seed=3)
+            flats = [torch.cat([t.flatten() for t in results[i].tensors]) for i in range(4)]
+            assert all(torch.equal(f, flats[0]) for f in flats)
+            for i in range(4):
+                checks = [p.check for r, p in enumerate(results[i].parts) if r != i]
+                assert checks == (["ok"] * 3 if verify else [None] * 3)
+        for node in nodes:
+            stats = node.averaging.statistics()
+            assert stats["parts_checked"] == 3 and stats["parts_check_failed"] == 0
+            assert node.flags.flagged("run") == {}
+
+
+async def run_group(nodes, config, tag, seed=0):
+    from .test_service import make_group
+
+    group = make_group(nodes, tag=tag)
+    xs = inputs_for(len(nodes), seed)
+    results = {}
+
+    async def one(i):
+        results[i] = await nodes[i].averaging.all_reduce(group, xs[i], config=config)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(nodes)):
+            nursery.start_soon(one, i)
+    return results, xs
+
+
+def inputs_for(count, seed):
+    from .test_service import inputs
+
+    return inputs(count, seed=seed)
+
+
+@pytest.mark.parametrize("lie", ["beyond_bound", "malformed"])
+async def test_a_contributor_whose_report_is_a_lie_on_its_face_is_flagged_not_the_reducer(
+        monkeypatch, lie):
+    from p2pdl.averaging import AllReduceConfig
+    from p2pdl.averaging.allreduce import _verify
+    from p2pdl.testing import open_memory_nodes
+
+    from .test_service import connect_all
+
+    honest_reports = _verify.RoundVerifier.reports_for
+
+    def reports_for(self, verifier, nonce, parts, digests):
+        out = honest_reports(self, verifier, nonce, parts, digests)
+        if self.me != 2:
+            return out
+        if lie == "beyond_bound":
+            return [(r, d, Report((100.0,) * SKETCH_BUCKETS, rep.distances))
+                    for r, d, rep in out]
+        return [(r, d, Report((0.0,) * SKETCH_BUCKETS, (-1.0,) * len(rep.distances)))
+                for r, d, rep in out]
+
+    monkeypatch.setattr(_verify.RoundVerifier, "reports_for", reports_for)
+    config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000), chunk_values=1024)
+    async with open_memory_nodes(4) as nodes:
+        await connect_all(nodes)
+        results, _ = await run_group(nodes, config, b"lie-" + lie.encode())
+        for i in (0, 1, 3):
+            assert all(p.completed for p in results[i].parts)
+            assert [p.check for r, p in enumerate(results[i].parts) if r != i] == ["ok"] * 3
+            assert nodes[i].flags.count(nodes[2].peer_id, "report_beyond_bound") == 1
+            assert nodes[i].averaging.statistics()["reports_refused"] == 3 - (i == 2)
+            for r in range(4):
+                assert nodes[i].flags.count(nodes[r].peer_id, "reducer_check_failed") == 0
+
+
+async def test_a_malformed_check_resets_the_exchange_and_changes_nothing(monkeypatch):
+    """An ar.check naming a part twice is a protocol error: the stream is reset,
+    the reports are not heard (unknown within their bound), the round ends."""
+    from p2pdl.averaging import AllReduceConfig
+    from p2pdl.averaging.allreduce import _service
+    from p2pdl.testing import open_memory_nodes
+
+    from .test_service import connect_all
+
+    honest_check = _service.AllReduceService._check
+
+    def check(self, session, j, have):
+        message = honest_check(self, session, j, have)
+        if session.me == 1 and message.reports:
+            return _service.Check(message.group_id, message.sender,
+                                  [message.reports[0], message.reports[0]])
+        return message
+
+    monkeypatch.setattr(_service.AllReduceService, "_check", check)
+    config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000), chunk_values=1024)
+    async with open_memory_nodes(4) as nodes:
+        await connect_all(nodes)
+        results, _ = await run_group(nodes, config, b"malformed-check")
+        for i in (0, 2, 3):
+            stats = nodes[i].averaging.statistics()
+            assert stats["protocol_errors"] == 1, (i, stats)
+            # member 1's reports were not heard: unknown within their bound, the
+            # honest results still pass
+            assert all(p.completed for p in results[i].parts)
+            assert [p.check for r, p in enumerate(results[i].parts) if r != i] == ["ok"] * 3
