@@ -636,17 +636,17 @@ class AllReduceService:
                     session.scopes.discard(scope)
             if session.held is None:   # the round was cancelled before it settled
                 return
-            try:
-                with trio.move_on_at(session.deadline + HAVE_GRACE) as scope:
-                    session.scopes.add(scope)
+            with trio.move_on_at(session.deadline + HAVE_GRACE) as scope:
+                session.scopes.add(scope)
+                try:
                     mine = self._have(session)
                     await stream.send_message(mine)
                     if mine.nonce and have.nonce:   # both verify: reports, the dialer's first
                         self._hear_check(session, j, await self._receive_check(stream, j))
                         await stream.send_message(self._check(session, j, have))
-                session.scopes.discard(scope)
-            finally:
-                self._exchanged(session, j)   # through, or given up: not waited for
+                finally:
+                    session.scopes.discard(scope)
+                    self._exchanged(session, j)   # through, or given up: not waited for
             with trio.move_on_after(DONE_LINGER):
                 await stream.wait_peer_done()
             return

@@ -648,7 +648,7 @@ class PartReducer:
                                     in zip(entries, weights, strict=True) if weight > 0]
             self.claims.append(ChunkClaim(
                 tuple(self.contributors[k]), tuple(w for w in weights if w > 0),
-                self._radius(radii, len(positive))))
+                self._radius(radii)))
             payload = chunk.codec.encode(out)
             if chunk.codec.name != "none":  # our copy goes through the codec as everyone's
                 chunk.codec.decode(payload, chunk.count, out=out)
@@ -657,7 +657,7 @@ class PartReducer:
             self.final += 1
         return done
 
-    def _radius(self, radii: list[float], contributors: int) -> float | None:
+    def _radius(self, radii: list[float]) -> float | None:
         """The radius a chunk was averaged with, as :class:`ChunkClaim` says it:
         None under the mean; under CenteredClip the one used, and with fewer
         than two contributors (nothing to clip) the rule's, or 0 for auto."""

@@ -318,10 +318,10 @@ async def test_honest_rounds_pass_every_check_and_verify_off_sends_nothing():
 
 
 async def run_group(nodes, config, tag, seed=0):
-    from .test_service import make_group
+    from .test_service import inputs, make_group
 
     group = make_group(nodes, tag=tag)
-    xs = inputs_for(len(nodes), seed)
+    xs = inputs(len(nodes), seed=seed)
     results = {}
 
     async def one(i):
@@ -331,12 +331,6 @@ async def run_group(nodes, config, tag, seed=0):
         for i in range(len(nodes)):
             nursery.start_soon(one, i)
     return results, xs
-
-
-def inputs_for(count, seed):
-    from .test_service import inputs
-
-    return inputs(count, seed=seed)
 
 
 @pytest.mark.parametrize("lie", ["beyond_bound", "malformed"])
