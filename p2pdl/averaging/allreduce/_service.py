@@ -679,10 +679,11 @@ class AllReduceService:
                 digests[r] = receiver.digest
 
         def values(r: int) -> torch.Tensor:
-            """This member's values of part ``r`` as its reducer decoded them."""
+            """This member's values of part ``r`` as its reducer decoded them (a
+            new tensor: the verifier computes in it)."""
             lo, hi = layout.part_bounds[r]
             if r == session.me:
-                return flat[lo:hi]
+                return flat[lo:hi].clone()
             own = flat.new_empty(hi - lo)
             for chunk in layout.chunks[r]:
                 a, b = chunk.start - lo, chunk.end - lo

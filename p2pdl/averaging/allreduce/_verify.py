@@ -18,7 +18,8 @@ own, so each reports a **sketch** of its own terms: ``s_j = sum_k p_jk S(t_jk)``
 over the part's chunks ``k`` (``t_jk`` its term in chunk ``k``), where ``S``
 is a count sketch -- value ``i`` of the part is added, with a sign ``+-1``,
 into one of SKETCH_BUCKETS buckets, both drawn from the verifying member's
-**nonce** (:func:`sketch_plan`: SHAKE-256, the same on every machine).  The
+**nonce** (:func:`sketch_plan`: AES-128-CTR keyed by SHAKE-256, the same on
+every machine).  The
 nonce is revealed only after every result was received and every
 contributor's values were fixed, so neither the reducer nor a contributor
 can aim at the sketch.  ``S`` is linear, so an honest reducer's
@@ -61,8 +62,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from .._aggregators import Aggregator
 
@@ -75,8 +79,9 @@ Layout = Any
 ChunkSpec = Any
 
 __all__ = ["SKETCH_BUCKETS", "NORM_SLACK", "NONCE_SIZE", "TAU_SLACK", "RESIDUAL_SLACK",
-           "ChunkClaim", "Report", "Verdict", "sketch_plan", "verifiable", "contributor_report",
-           "sketch_bound", "tolerance", "check_part", "RoundVerifier"]
+           "ChunkClaim", "Report", "Verdict", "sketch_plan", "SketchPlanner", "verifiable",
+           "contributor_terms", "sketch", "contributor_report", "sketch_bound", "tolerance",
+           "check_part", "RoundVerifier"]
 
 #: Buckets of a sketch (a report holds this many float64 values per part).
 SKETCH_BUCKETS = 256
@@ -101,7 +106,7 @@ RESIDUAL_SLACK = 1e-2
 #: last place of float32 per contributor (besides the codec's rounding).
 FLOAT32_ULPS = 2.0
 _FLOAT32_EPSILON = 2.0 ** -23
-_DOMAIN = b"p2pdl/allreduce/verify/1"
+_DOMAIN = b"p2pdl/allreduce/verify/2"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,20 +161,51 @@ class Verdict:
 
 
 def sketch_plan(group_id: bytes, part: int, nonce: bytes, numel: int) -> torch.Tensor:
-    """The slot (int32) of each of the part's ``numel`` values: value ``i``
-    reads bytes ``2i, 2i+1`` of SHAKE-256(domain, group, part, nonce) as a
-    little-endian 16-bit number ``u``; its bucket is ``u mod SKETCH_BUCKETS``
-    (its low byte), its sign ``+1`` when bit 8 of ``u`` is set, else ``-1``;
-    its slot is ``2 * bucket + (1 if the sign is +1 else 0)``."""
-    import torch
+    """The slot (int32, 0 to ``2 * SKETCH_BUCKETS - 1``) of each of the part's
+    ``numel`` values.  The key is the first 16 bytes of SHAKE-256(domain,
+    group, part, nonce); value ``i`` reads bytes ``2i, 2i+1`` of the AES-128-CTR
+    keystream of that key (initial counter block 0) as a little-endian 16-bit
+    number ``u``; its bucket is ``u mod SKETCH_BUCKETS`` (its low byte), its
+    sign ``+1`` when bit 8 of ``u`` is set, else ``-1``; its slot is
+    ``u mod 512``, that is ``bucket + SKETCH_BUCKETS`` for sign ``+1``.  (AES in
+    counter mode is a keyed pseudorandom function: without the nonce the
+    slots cannot be told from independent draws, and it runs at gigabytes
+    per second where the machine has AES instructions.)"""
+    return SketchPlanner().plan(group_id, part, nonce, numel).clone()
 
-    seed = hashlib.shake_256(_DOMAIN + len(group_id).to_bytes(1, "big") + group_id
-                             + part.to_bytes(2, "big") + nonce)
-    if numel == 0:
-        return torch.zeros(0, dtype=torch.int32)
-    raw = torch.frombuffer(bytearray(seed.digest(2 * numel)), dtype=torch.uint8)
-    slots = raw[0::2].to(torch.int32).mul_(2)
-    return slots.add_((raw[1::2] & 1).to(torch.int32))
+
+class SketchPlanner:
+    """:func:`sketch_plan` with its buffers kept from one plan to the next
+    (fresh pages cost more than the plan's arithmetic): the tensor
+    :meth:`plan` returns is overwritten by the next call."""
+
+    def __init__(self) -> None:
+        self._stream = bytearray()
+        self._zeros = b""
+        self._slots: torch.Tensor | None = None
+
+    def plan(self, group_id: bytes, part: int, nonce: bytes, numel: int) -> torch.Tensor:
+        """:func:`sketch_plan`, in this planner's buffers."""
+        import torch
+
+        if numel == 0:
+            return torch.zeros(0, dtype=torch.int32)
+        if len(self._zeros) < 2 * numel:
+            self._zeros = bytes(2 * numel)
+            self._stream = bytearray(2 * numel + 15)   # (update_into wants a block to spare)
+            self._slots = torch.empty(numel, dtype=torch.int32)
+        assert self._slots is not None
+        key = hashlib.shake_256(_DOMAIN + len(group_id).to_bytes(1, "big") + group_id
+                                + part.to_bytes(2, "big") + nonce).digest(16)
+        encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
+        encryptor.update_into(memoryview(self._zeros)[:2 * numel], self._stream)
+        slots = self._slots[:numel]
+        if sys.byteorder == "little":
+            words = torch.frombuffer(self._stream, dtype=torch.int16, count=numel)
+            return torch.bitwise_and(words, 2 * SKETCH_BUCKETS - 1, out=slots)
+        raw = torch.frombuffer(self._stream, dtype=torch.uint8, count=2 * numel)
+        slots.copy_(raw[1::2] & 1).mul_(SKETCH_BUCKETS)
+        return slots.add_(raw[0::2])
 
 
 def verifiable(aggregator: Aggregator) -> bool:
@@ -177,33 +213,60 @@ def verifiable(aggregator: Aggregator) -> bool:
     return aggregator.name in ("mean", "centered_clip")
 
 
-def contributor_report(layout: Layout, part: int, values: torch.Tensor, result: torch.Tensor,
-                       claims: Sequence[ChunkClaim], member: int, plan: torch.Tensor) -> Report:
-    """What ``member`` reports of ``part`` for a verifier's ``plan``
-    (:func:`sketch_plan`): the sketch of its weighted terms and its distance
-    to the result per chunk.  ``values``: its values of the part exactly as
-    the reducer decoded them (decode its own encoded chunks); ``result``: the
-    part as received."""
+def contributor_terms(layout: Layout, part: int, values: torch.Tensor, result: torch.Tensor,
+                      claims: Sequence[ChunkClaim], member: int, *, inplace: bool = False
+                      ) -> tuple[torch.Tensor, tuple[float, ...]]:
+    """``member``'s weighted terms of ``part`` (float32, one per value: in
+    chunk ``k``, ``p_jk * (x_jk - v_k) / max(tau_k, |x_jk - v_k|)``, or
+    ``p_jk * (x_jk - v_k)`` under the mean; 0 where it contributed nothing)
+    and its distance to the result per chunk.  ``values``: its values of the
+    part exactly as the reducer decoded them (decode its own encoded chunks);
+    ``result``: the part as received.  The terms do not depend on a nonce:
+    a member computes them once and sketches them for every verifier.  With
+    ``inplace`` (``values`` float32) the terms overwrite ``values``."""
     import torch
 
-    slots = torch.zeros(2 * SKETCH_BUCKETS, dtype=torch.float64)
+    if inplace and values.dtype == torch.float32:
+        terms = values
+    else:
+        terms = torch.empty(result.numel(), dtype=torch.float32)
     distances = []
     for chunk, claim in zip(layout.chunks[part], claims, strict=True):
         share = claim.share(member)
-        if share == 0:
-            distances.append(0.0)
-            continue
         lo = chunk.start - chunk.part_start
         hi = lo + chunk.count
-        difference = (values[lo:hi].to(torch.float32) - result[lo:hi].to(torch.float32)
-                      ).to(torch.float64)
-        distance = float(torch.linalg.vector_norm(difference))
+        if share == 0:
+            terms[lo:hi] = 0.0
+            distances.append(0.0)
+            continue
+        difference = torch.sub(values[lo:hi].to(torch.float32), result[lo:hi].to(torch.float32),
+                               out=terms[lo:hi])
+        distance = float(torch.linalg.vector_norm(difference, dtype=torch.float64))
         distances.append(distance)
         scale = 1.0 if claim.tau is None else max(float(claim.tau), distance)
-        if scale > 0:   # (else the term is the zero vector)
-            slots.index_add_(0, plan[lo:hi], difference, alpha=share / scale)
-    sketch = slots[1::2] - slots[0::2]
-    return Report(tuple(sketch.tolist()), tuple(distances))
+        if scale > 0:
+            difference.mul_(share / scale)
+        else:   # the term is the zero vector
+            difference.zero_()
+    return terms, tuple(distances)
+
+
+def sketch(plan: torch.Tensor, terms: torch.Tensor) -> tuple[float, ...]:
+    """The count sketch of ``terms`` under ``plan`` (:func:`sketch_plan`): per
+    bucket, the sum of its values with their signs, in float64."""
+    import torch
+
+    slots = torch.bincount(plan, weights=terms, minlength=2 * SKETCH_BUCKETS)
+    return tuple((slots[SKETCH_BUCKETS:] - slots[:SKETCH_BUCKETS]).tolist())
+
+
+def contributor_report(layout: Layout, part: int, values: torch.Tensor, result: torch.Tensor,
+                       claims: Sequence[ChunkClaim], member: int, plan: torch.Tensor) -> Report:
+    """What ``member`` reports of ``part`` for a verifier's ``plan``
+    (:func:`sketch_plan`): the sketch of its terms and its distance to the
+    result per chunk (:func:`contributor_terms`)."""
+    terms, distances = contributor_terms(layout, part, values, result, claims, member)
+    return Report(sketch(plan, terms), distances)
 
 
 def sketch_bound(claims: Sequence[ChunkClaim], member: int) -> float | None:
@@ -414,7 +477,9 @@ class RoundVerifier:
         self.claims = dict(claims)
         self.digests = dict(digests)
         self._values = values
-        self._own: dict[int, torch.Tensor] = {}
+        #: part -> this member's terms and distances (the same for every nonce)
+        self._terms: dict[int, tuple[torch.Tensor, tuple[float, ...]]] = {}
+        self._planner = SketchPlanner()
         #: part -> contributor -> its report (None: its digest differed from ours,
         #: or the report was malformed)
         self.heard: dict[int, dict[int, Report | None]] = {}
@@ -438,16 +503,20 @@ class RoundVerifier:
             if r == verifier or r not in theirs or claims is None \
                     or not any(self.me in c.contributors for c in claims):
                 continue
-            plan = sketch_plan(self.group_id, r, nonce, self.results[r].numel())
-            report = contributor_report(self.layout, r, self._own_values(r), self.results[r],
-                                        claims, self.me, plan)
-            out.append((r, self.digests[r], report))
+            out.append((r, self.digests[r], self._report(r, nonce)))
         return out
 
-    def _own_values(self, part: int) -> torch.Tensor:
-        if part not in self._own:
-            self._own[part] = self._values(part)
-        return self._own[part]
+    def _report(self, part: int, nonce: bytes) -> Report:
+        """This member's report on ``part`` for ``nonce``."""
+        if part not in self._terms:
+            claims = self.claims[part]
+            assert claims is not None
+            self._terms[part] = contributor_terms(self.layout, part, self._values(part),
+                                                  self.results[part], claims, self.me,
+                                                  inplace=True)
+        terms, distances = self._terms[part]
+        plan = self._planner.plan(self.group_id, part, nonce, terms.numel())
+        return Report(sketch(plan, terms), distances)
 
     def hear_reports(self, member: int, reports: Sequence[tuple[int, bytes, Report | None]]
                      ) -> None:
@@ -470,8 +539,6 @@ class RoundVerifier:
             assert claims is not None
             reports = dict(self.heard.get(r, {}))
             if any(self.me in c.contributors for c in claims):
-                plan = sketch_plan(self.group_id, r, self.nonce, self.results[r].numel())
-                reports[self.me] = contributor_report(self.layout, r, self._own_values(r),
-                                                      self.results[r], claims, self.me, plan)
+                reports[self.me] = self._report(r, self.nonce)
             out[r] = check_part(self.layout, r, self.results[r], claims, reports)
         return out
