@@ -141,3 +141,38 @@ def test_ctrl_c_stops_every_child_and_writes_a_partial_report(tmp_path):
     # The trainers stopped on SIGTERM and still sent their final report.
     trainers = [p for p in report["swarm"]["peers"] if p["name"].startswith("trainer")]
     assert trainers and all(p["finished"] and p["reason"] == "signal" for p in trainers)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_demo_with_a_lying_reducer_says_who_caught_it(tmp_path):
+    """``--attacker lying_reducer``: one admitted trainer returns its part shifted;
+    every honest trainer's check fails, the dispute proves the lie, they ban it,
+    and the summary says so, with the honest loss against one peer alone."""
+    out = tmp_path / "demo"
+    result = subprocess.run(
+        [sys.executable, "-m", "p2pdl", "demo", "--duration", "30", "--attacker",
+         "lying_reducer", "--out", str(out)],
+        capture_output=True, text=True, timeout=280,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["attacker"] == "lying_reducer"
+    attack = report["attack"]
+    assert attack["kind"] == "lying_reducer"
+    assert attack["peer_id"] == report["membership"]["members"]["attacker"]
+    trainers = [m for m in attack["members"] if m["member"].startswith("trainer-")]
+    assert len(trainers) == 3
+    caught = [m for m in trainers if m["flags"].get("reducer_lie")]
+    assert len(caught) >= 2, attack   # a trainer may miss every round with it under load
+    assert all(m["banned"] and m["first_flag_s"] is not None for m in caught), attack
+    assert attack["flagged_by"] >= len(caught) and attack["banned_by"] >= len(caught)
+    assert attack["honest_val_loss_end"] < report["swarm"]["val_loss_start"]
+    assert attack["honest_over_alone"] is not None
+    line = re.search(r"attacker 12D3\S+ \(lying_reducer\): flagged by (\d)/(\d) members "
+                     r"\([^)]*reducer_lie", result.stdout)
+    assert line, result.stdout[-3000:]
+    assert "honest held-out loss" in result.stdout
+    roles = {p["name"] for p in report["swarm"]["peers"]}
+    assert "attacker" in roles and {"trainer-0", "trainer-1", "trainer-2"} <= roles

@@ -363,6 +363,11 @@ def test_allreduce_definitions_match_the_code():
     assert float(rows["MAX_TAU"].split()[0]) == ar_messages.MAX_TAU
     from p2pdl.averaging._aggregators import AUTO_TAU_FACTOR
     assert number(rows["AUTO_TAU_FACTOR"]) == AUTO_TAU_FACTOR
+    from p2pdl.averaging.allreduce import _evidence as ar_evidence
+    for name in ("CHUNK_DIGEST_SIZE", "SIGNATURE_SIZE", "MAX_COMMITTED_CHUNKS"):
+        assert number(rows[name]) == getattr(ar_evidence, name), name
+    assert number(rows["REPORT_TOLERANCE"]) == ar_verify.REPORT_TOLERANCE
+    assert number(rows["MAX_EVIDENCE_ROUNDS"]) == ar_config.MAX_EVIDENCE_ROUNDS
     for name in ("DONE_LINGER", "MAX_RECENT_GROUPS", "LIVENESS_POLL", "HAVE_GRACE"):
         assert number(rows[name]) == getattr(ar_service, name), name
     defaults = AllReduceConfig()
@@ -390,7 +395,8 @@ def test_allreduce_messages_codes_and_layout_match_the_code():
     messages = section(text, "Messages")
     for message in (ar_messages.Begin, ar_messages.Done, ar_messages.Reject,
                     ar_messages.Segment, ar_messages.Have, ar_messages.Check,
-                    ar_messages.PartCheck):
+                    ar_messages.PartCheck, ar_messages.Dispute, ar_messages.SignedReport,
+                    ar_messages.Proof, ar_messages.Shown):
         assert f"`{message.TAG}`" in messages, message.TAG
         for field in dataclasses.fields(message):
             assert f"| `{field.name}` |" in messages, (message.TAG, field.name)

@@ -15,6 +15,7 @@ import re
 from ..errors import ConfigError
 
 __all__ = [
+    "ATTACK_KINDS",
     "DEFAULT_LISTEN",
     "UsageError",
     "add_identity",
@@ -29,6 +30,10 @@ __all__ = [
     "run_id_text",
     "tau_value",
 ]
+
+#: The attacks of ``p2pdl train --attack`` and ``p2pdl demo --attacker``: the
+#: keys of ``p2pdl.training.ATTACKS``, which imports torch (the parsers do not).
+ATTACK_KINDS = ("sign_flip", "scale", "noise", "inflate", "alie", "lying_reducer", "epoch_liar")
 
 #: Where a peer listens unless told otherwise: a free port on every interface.
 DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/0"

@@ -30,6 +30,11 @@ with no certificate.  The summary says how many members refused it, from the
 members' own final statistics (their admission gate's refused requests; the
 uninvited peer is the only non-member in the swarm).
 
+With ``--attacker KIND`` one more member trains: ``p2pdl train --attack
+KIND`` (``p2pdl.training.ATTACKS``).  The summary says which members flagged
+and banned it and how soon, from their flag books, and the honest trainers'
+held-out loss against the baseline's.
+
 The swarm has three trainers on the machine's cores (two on this project's
 machine kind: three processes share them), the baseline one process on one
 core; ``cpu_count`` is in the report.
@@ -66,7 +71,7 @@ import trio
 from .. import __version__
 from .._concurrency import open_service_nursery
 from ..errors import P2PDLError
-from ._args import positive_float, positive_int
+from ._args import ATTACK_KINDS, positive_float, positive_int
 from ._demo_children import Children, Phase, open_children, wait_for
 from ._demo_report import build_report, summary, write_plot, write_report
 from ._demo_view import watch
@@ -89,6 +94,8 @@ TARGET_BATCH_SIZE = 512
 #: Matchmaking time by default (s): every peer is local, so a short gather
 #: pause (0.3 s) and join window (1 s) suffice, and cost less per round.
 MATCHMAKING_TIME = 3.0
+#: The child name of the malicious trainer of --attacker.
+ATTACKER = "attacker"
 #: Trainer-0 and the baseline measure the held-out loss every this many epochs.
 EVAL_EVERY = 5
 #: Lifetime of the members' certificates beyond the demo's longest run (s).
@@ -139,6 +146,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    metavar="SECONDS",
                    help=f"longest wait to form a group (default {MATCHMAKING_TIME:g}: every "
                         f"peer is local; a tenth of it is a fixed pause of every round)")
+    p.add_argument("--attacker", choices=ATTACK_KINDS, default=None, metavar="KIND",
+                   help="add one admitted malicious trainer (p2pdl train --attack KIND): "
+                        + ", ".join(ATTACK_KINDS) + "; the summary says who caught it and "
+                        "when, and the honest held-out loss against one peer alone")
     p.add_argument("--eval-every", type=positive_int, default=EVAL_EVERY, metavar="EPOCHS",
                    help=f"held-out loss every this many epochs (default {EVAL_EVERY})")
     p.set_defaults(handler=run)
@@ -177,6 +188,8 @@ class _Demo:
         self.authority_id = authority.id
         roles = {"relay": Role.MONITOR, "auxiliary": Role.AUXILIARY,
                  **{f"trainer-{i}": Role.TRAINER for i in range(TRAINERS)}}
+        if self.args.attacker is not None:
+            roles[ATTACKER] = Role.TRAINER
         lifetime = 2 * self.duration + START_TIMEOUT + WAIT_FOR_PEERS_TIMEOUT \
             + 2 * FINISH_SLACK + CERTIFICATE_SLACK
         for name, role in roles.items():
@@ -227,7 +240,7 @@ class _Demo:
         await wait_for(relay.have_addr, relay, START_TIMEOUT, "print its address")
         bootstrap = relay.addrs[0]
         self.console.print(f"relay and bootstrap node: {bootstrap}")
-        peers = TRAINERS + 1
+        peers = TRAINERS + 1 + (a.attacker is not None)
         common = ["--run-id", self.run_id, "--initial-peers", bootstrap,
                   "--wait-for-peers", str(peers), "--wait-timeout", repr(WAIT_FOR_PEERS_TIMEOUT)]
         for i in range(TRAINERS):
@@ -239,6 +252,11 @@ class _Demo:
             role = "trainer (client mode)" if i == TRAINERS - 1 else "trainer"
             phase.trainers.append(await children.start(f"trainer-{i}", role,
                                                        self._train_args(*extra)))
+        if a.attacker is not None:
+            phase.others.append(await children.start(
+                ATTACKER, f"attacker ({a.attacker})", self._train_args(
+                    "--attack", a.attacker, "--peer-index", str(TRAINERS), *common,
+                    *self.member_args(ATTACKER))))
         # The auxiliary peer outlives the trainers (it is stopped once they are done),
         # so that no trainer's last round loses a reducer that left on its own.
         aux = self._train_args("--auxiliary", *common, *self.member_args("auxiliary"))
@@ -252,8 +270,9 @@ class _Demo:
         phase.uninvited.append(await children.start("uninvited", "uninvited (no certificate)",
                                                     uninvited))
         self.console.print(f"started {TRAINERS} trainers (trainer-{TRAINERS - 1} in client "
-                           f"mode), an auxiliary peer and an uninvited peer (no certificate); "
-                           f"waiting for the members to meet")
+                           f"mode), an auxiliary peer and an uninvited peer (no certificate)"
+                           + (f", and an attacker ({a.attacker})" if a.attacker else "")
+                           + "; waiting for the members to meet")
         await self._watch(phase, START_TIMEOUT + WAIT_FOR_PEERS_TIMEOUT)
         await children.stop(phase.children)
 
@@ -282,7 +301,7 @@ class _Demo:
             "mode": a.mode, "delay_updates": a.delay_updates,
             "matchmaking_time": a.matchmaking_time, "eval_every": a.eval_every,
             "torch_threads_per_peer": 1, "trainers": TRAINERS, "client_mode_trainers": 1,
-            "auxiliary_peers": 1, "membership": "certificate",
+            "auxiliary_peers": 1, "membership": "certificate", "attacker": a.attacker,
             "authority": self.authority_id, "uninvited_peers": 1,
             "cpu_count": os.cpu_count(), "p2pdl": __version__,
             "python": platform.python_version(), "platform": platform.platform(),

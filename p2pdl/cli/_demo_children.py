@@ -118,6 +118,9 @@ class Phase:
     uninvited: list[Child] = dataclasses.field(default_factory=list)
     wall_start: float | None = None
     wall_end: float | None = None
+    #: When the phase began by the wall clock (``time.time()``), to place the
+    #: times the children's flag books give.
+    clock_start: float | None = None
 
     @property
     def children(self) -> list[Child]:

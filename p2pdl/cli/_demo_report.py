@@ -35,6 +35,7 @@ def build_report(*, settings: dict[str, Any], interrupted: bool, error: str | No
         "swarm": swarm_report,
         "solo": solo_report,
         "membership": _membership_report(swarm, member_ids or {}),
+        "attack": _attack_report(swarm, member_ids or {}, swarm_report, solo_report),
         "comparison": _comparison(swarm_report, solo_report),
         "processes": [{"name": c.name, "role": c.role, "pid": c.pid,
                        "returncode": c.returncode, "command": c.command}
@@ -144,6 +145,73 @@ def _membership_report(phase: Phase, member_ids: dict[str, str]) -> dict[str, An
         })
     return {"mode": "certificate" if member_ids else "open",
             "members": dict(member_ids), "evidence": evidence, "uninvited": uninvited}
+
+
+def _attack_report(phase: Phase, member_ids: dict[str, str], swarm: dict[str, Any],
+                   solo: dict[str, Any]) -> dict[str, Any] | None:
+    """The attacker of ``--attacker`` (None: none): what it did (its own
+    statistics), which members flagged and banned it and how soon (from
+    their flag books, in seconds since the phase began), and the honest
+    trainers' held-out loss against one peer alone."""
+    attacker = next((c for c in phase.others if c.role.startswith("attacker")), None)
+    if attacker is None:
+        return None
+    peer = member_ids.get(attacker.name)
+    members = []
+    for c in phase.trainers + phase.others:
+        if c is attacker or c.name not in member_ids or "train" not in c.command:
+            continue
+        done = c.done or {}
+        firsts = (done.get("first_flagged") or {}).get(peer) or {}
+        first = min(firsts.values()) if firsts else None
+        members.append({
+            "member": c.name, "reported": "flags" in done,
+            "flags": (done.get("flags") or {}).get(peer) or {},
+            "banned": peer in (done.get("bans") or {}),
+            "first_flag_s": finite(first - phase.clock_start, 1)
+            if first is not None and phase.clock_start is not None else None,
+        })
+    ratio = None
+    if swarm.get("val_loss_end") is not None and solo.get("val_loss_end"):
+        ratio = finite(swarm["val_loss_end"] / solo["val_loss_end"], 4)
+    return {
+        "kind": (attacker.ready or {}).get("attack"), "name": attacker.name, "peer_id": peer,
+        "statistics": (attacker.done or {}).get("statistics"),
+        "members": members,
+        "flagged_by": sum(1 for m in members if m["flags"]),
+        "banned_by": sum(1 for m in members if m["banned"]),
+        "reporting": sum(1 for m in members if m["reported"]),
+        "honest_val_loss_end": swarm.get("val_loss_end"),
+        "alone_val_loss_end": solo.get("val_loss_end"),
+        "honest_over_alone": ratio,
+    }
+
+
+def attack_lines(report: dict[str, Any]) -> list[str]:
+    """What the summary says of the attacker: who caught it, how, when; the losses."""
+    attack = report.get("attack")
+    if not attack:
+        return []
+    peer = attack.get("peer_id") or ""
+    name = f"{peer[:8]}…{peer[-6:]}" if peer else "(did not start)"
+    kinds: dict[str, int] = {}
+    for m in attack["members"]:
+        for kind, count in m["flags"].items():
+            kinds[kind] = kinds.get(kind, 0) + count
+    firsts = [m["first_flag_s"] for m in attack["members"] if m["first_flag_s"] is not None]
+    line = (f"attacker {name} ({attack['kind']}): flagged by {attack['flagged_by']}/"
+            f"{attack['reporting']} members")
+    if kinds:
+        line += " (" + ", ".join(f"{k} x{v}" for k, v in sorted(kinds.items())) + ")"
+    if firsts:
+        line += f", first after {min(firsts):.0f} s"
+    line += f"; banned by {attack['banned_by']}/{attack['reporting']}"
+    lines = [line]
+    honest, alone = attack.get("honest_val_loss_end"), attack.get("alone_val_loss_end")
+    if honest is not None and alone is not None:
+        lines.append(f"honest held-out loss {honest:.3f} with the attacker, {alone:.3f} for "
+                     f"one honest peer alone (ratio {attack['honest_over_alone']:.3f})")
+    return lines
 
 
 def refusal_lines(report: dict[str, Any]) -> list[str]:
@@ -276,7 +344,7 @@ def summary(report: dict[str, Any]) -> Any:
         table.add_row("mean round time (s)", f"{swarm['mean_round_seconds']:.2f}", "-")
     if swarm.get("round_time_share") is not None:
         table.add_row("share of time in rounds", f"{swarm['round_time_share']:.0%}", "-")
-    lines = refusal_lines(report)
+    lines = refusal_lines(report) + attack_lines(report)
     if not lines:
         return table
     from rich.console import Group

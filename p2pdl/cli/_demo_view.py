@@ -35,6 +35,7 @@ async def watch(phase: Phase, console: Any, *, duration: float, target_batch_siz
     from rich.live import Live
 
     phase.wall_start = time.monotonic()
+    phase.clock_start = time.time()
     deadline = trio.current_time() + limit
     started = False
     last_plain = time.monotonic()

@@ -44,6 +44,7 @@ from typing import Any
 
 from ..averaging import AGGREGATORS, Aggregator
 from ._args import (
+    ATTACK_KINDS,
     add_identity,
     add_initial_peers,
     add_listen,
@@ -77,9 +78,9 @@ WAIT_FOR_PEERS_TIMEOUT = 60.0
 
 #: The events of --json-lines, each one JSON object on one line of stdout.
 EVENTS = {
-    "ready": "peer_id, addrs, peer_index, role (trainer | auxiliary), client_mode, "
-             "run_id, target, batch_size, parameters, membership (open | allowlist | "
-             "certificate), membership_note (the run's mode in words)",
+    "ready": "peer_id, addrs, peer_index, role (trainer | auxiliary), attack (--attack, "
+             "or null), client_mode, run_id, target, batch_size, parameters, membership "
+             "(open | allowlist | certificate), membership_note (the run's mode in words)",
     "started": "training began (after --wait-for-peers): peers",
     "step": "t (s since training began), epoch, loss (moving average of the local "
             "training loss), samples (local total), global_samples, target, peers, "
@@ -90,7 +91,9 @@ EVENTS = {
             "local_steps, loss, val_loss (the latest held-out loss; measured at the end "
             "unless stopped by a signal), samples_per_second, statistics (the optimizer's), "
             "admission (the node's gate: requests admitted and refused), "
-            "membership_statistics (the node's membership record)",
+            "membership_statistics (the node's membership record), flags, first_flagged "
+            "and bans (the node's flag book for the run: counts by kind, the time of "
+            "each kind's first flag, the bans in force)",
 }
 
 
@@ -149,6 +152,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--clip-sent-norm", type=positive_float, default=None, metavar="NORM",
                    help="clip what this peer sends to a round to this total norm (default: "
                         "none)")
+    p.add_argument("--attack", choices=ATTACK_KINDS, default=None, metavar="KIND",
+                   help="misbehave on purpose, to see the others catch it (p2pdl demo "
+                        "--attacker): " + ", ".join(ATTACK_KINDS) + " (docs/security.md)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="write checkpoints here and resume from the newest (default: none)")
     p.add_argument("--checkpoint-every", type=positive_int, default=10, metavar="EPOCHS",
@@ -342,6 +348,7 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
     out = _Output(args.json_lines, interrupts)
     node = Node(config, handle_sigterm=False, runs=plan.policies)
     opt: Any = None
+    trainer: Any = None   # the optimizer, or the attack wrapped around it (--attack)
     progress = _Progress()
     reason = "duration"
     # What ends the run, for the optimizer's __exit__: on a stop or an error a
@@ -375,9 +382,15 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
                         optimizer=torch.optim.AdamW(model.parameters(), lr=args.lr),
                         target_batch_size=args.target_batch_size,
                         batch_size_per_step=example.batch_size, **options)
+        trainer = opt
+        if args.attack is not None:
+            from ..training import ATTACKS
+
+            trainer = ATTACKS[args.attack](opt)
+            logger.warning("this peer attacks the run on purpose: %s", args.attack)
         addrs = node.addrs
         out.event("ready", peer_id=str(node.peer_id), addrs=addrs, peer_index=peer_index,
-                  role="auxiliary" if args.auxiliary else "trainer",
+                  role="auxiliary" if args.auxiliary else "trainer", attack=args.attack,
                   client_mode=args.client_mode, run_id=args.run_id,
                   target=args.target_batch_size, batch_size=example.batch_size,
                   parameters=count_parameters(model), epoch=opt.local_epoch,
@@ -397,7 +410,7 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
         if args.auxiliary:
             reason = _assist_loop(opt, args, progress, out)
         else:
-            reason = _train_loop(task, model, opt, args, peer_index, progress, out)
+            reason = _train_loop(task, model, trainer, args, peer_index, progress, out)
     except _Stopped as exc:
         reason = exc.reason
         exc_info = (type(exc), exc, None)
@@ -410,7 +423,7 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
             if opt is not None:
                 opt.__exit__(*exc_info)
         finally:
-            gate = _node_record(node)  # while the node still runs
+            gate = _node_record(node, args.run_id)  # while the node still runs
             node.shutdown()
     if opt is None:
         return 0
@@ -419,7 +432,7 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
         with contextlib.suppress(_Stopped):
             progress.val_loss = task.validation_loss(model, max_batches=args.eval_batches)
     elapsed = progress.elapsed()
-    stats = opt.statistics()
+    stats = (trainer or opt).statistics()
     sps = progress.samples / elapsed if elapsed > 0 else 0.0
     with contextlib.suppress(_Stopped):
         out.event("done", t=finite(elapsed, 3), reason=reason, epoch=opt.local_epoch,
@@ -432,10 +445,20 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
     return 0
 
 
-def _node_record(node: Any) -> dict[str, Any]:
-    """What the node's gate and membership decided, for the ``done`` event (a shut
-    down node: what it recorded last; empty where it cannot say)."""
+def _node_record(node: Any, run_id: str) -> dict[str, Any]:
+    """What the node's gate, membership and flag book decided, for the ``done``
+    event (a shut down node: what it recorded last; empty where it cannot
+    say): ``flags`` (peer -> count by kind), ``first_flagged`` (peer -> kind ->
+    the wall-clock time of its first flag) and ``bans`` (peer -> run, until,
+    reason) of the run."""
     record: dict[str, Any] = {}
+    try:
+        record["flags"] = node.flagged(run_id)
+        record["bans"] = _plain(node.banned(run_id))
+        book = node.trio_node.flags
+        record["first_flagged"] = node.portal.run_sync(lambda: book.first_flagged(run_id))
+    except Exception:
+        logger.debug("no flags at the end", exc_info=True)
     try:
         record["admission"] = _plain(node.statistics().admission)
     except Exception:  # the node is gone: the event goes without it

@@ -8,10 +8,13 @@ they caught here.  The book is bounded: it keeps at most ``max_peers`` peers
 each, with a count per reason kind.
 
 Bans: a peer flagged ``ban_after[kind]`` times for one kind in one run is
-banned from that run for ``ban_seconds`` (by default: ``outlier_values``
-three times, for an hour).  The node's admission gate then refuses it on
-every run-scoped protocol of that run, and the node treats it as no member
-(it joins no group it leads, sends it no values).  Other kinds never ban on
+banned from that run for ``ban_seconds`` (by default, for an hour:
+``outlier_values`` three times; ``report_lie`` or ``reducer_lie``, the
+all-reduce's proven lies, once; ``reducer_check_failed``, a failed check
+whose reducer did not answer the dispute, three times).  The node's
+admission gate then refuses it on every run-scoped protocol of that run,
+and the node treats it as no member (it joins no group it leads, sends it
+no values).  Other kinds never ban on
 their own: an honest report may lag, an honest donor may be behind.  Flags
 and bans are local knowledge: nothing here is sent to other peers.
 """
@@ -34,7 +37,8 @@ MAX_FLAGGED_PEERS = 4096
 #: Reasons remembered per peer (the oldest dropped first; counts stay exact).
 MAX_REASONS_PER_PEER = 16
 #: Flags of one kind in one run that ban a peer from the run.
-BAN_AFTER = {"outlier_values": 3}
+BAN_AFTER = {"outlier_values": 3, "report_lie": 1, "reducer_lie": 1,
+             "reducer_check_failed": 3}
 #: How long a ban lasts (s).
 BAN_SECONDS = 3600.0
 
@@ -70,6 +74,8 @@ class FlagBook:
             collections.OrderedDict()
         self._counts: collections.OrderedDict[bytes, collections.Counter[str]] = \
             collections.OrderedDict()
+        # peer -> (run, kind) -> when it was first flagged so
+        self._first: dict[bytes, dict[tuple[str, str], float]] = {}
 
     def flag(self, peer: ID | bytes, run_id: str, kind: str, now: float, detail: str = "") -> None:
         """Record that ``peer`` was caught at ``kind`` in ``run_id``."""
@@ -80,12 +86,14 @@ class FlagBook:
                         f" ({detail})" if detail else "")
         counts[kind] += 1
         self._counts.move_to_end(key)
+        self._first.setdefault(key, {}).setdefault((run_id, kind), now)
         flags = self._flags.setdefault(key, collections.deque(maxlen=self.max_reasons))
         flags.append(Flag(run_id, kind, now, detail[:200]))
         self._flags.move_to_end(key)
         while len(self._flags) > self.max_peers:
             old, _ = self._flags.popitem(last=False)
             self._counts.pop(old, None)
+            self._first.pop(old, None)
         threshold = self.ban_after.get(kind)
         if threshold is not None:
             strike = (key, run_id, kind)
@@ -128,6 +136,16 @@ class FlagBook:
         for (key, run), (until, reason) in self._bans.items():
             if (run_id is None or run == run_id) and (now is None or until > now):
                 out[ID(key).to_base58()] = {"run_id": run, "until": until, "reason": reason}
+        return out
+
+    def first_flagged(self, run_id: str) -> dict[str, dict[str, float]]:
+        """When each peer (base58 id) was first flagged for each kind in ``run_id``
+        (the ``now`` given to :meth:`flag`)."""
+        out: dict[str, dict[str, float]] = {}
+        for key, firsts in self._first.items():
+            kinds = {kind: t for (run, kind), t in firsts.items() if run == run_id}
+            if kinds:
+                out[ID(key).to_base58()] = kinds
         return out
 
     def flags_of(self, peer: ID | bytes) -> list[Flag]:

@@ -26,9 +26,13 @@ Modules:
 * ``_progress_sim`` -- :func:`simulate_progress`: simulated trainers on nodes,
   reporting progress by gossip or by DHT polling (``simulations/bench_progress.py``).
 * ``_attackers`` -- :class:`WeightInflater`, :class:`GradientScaler`,
+  :class:`GaussianNoise`, :class:`ALIE`, :class:`LyingReducer`,
   :class:`EpochLiar`: real
   :class:`p2pdl.Optimizer` members that misbehave on purpose (a huge claimed
-  batch with flipped gradients; a far newer epoch with a poisoned state),
+  batch with flipped gradients; scaled, noisy or subtly pushed gradients; a
+  shifted result as a reducer; a far newer epoch with a poisoned state),
+  ``ATTACKS`` (each kind of ``p2pdl train --attack`` and ``p2pdl demo
+  --attacker`` as a wrapper of an optimizer; all from ``p2pdl.training``),
   :func:`flagged` (what a node's flag book caught), :func:`train_swarm` (honest
   peers and attackers training the example together: a :class:`SwarmOutcome`)
   and :func:`loopback_swarm` (sync nodes, optionally members of a certificate
@@ -69,8 +73,9 @@ from ._swarm_agent import open_swarm_agents as open_swarm_agents
 # The attackers need torch; import them only when one of their names is used,
 # so that ``import p2pdl.testing`` does not load torch.
 _LAZY = {name: "_attackers" for name in (
-    "WeightInflater", "GradientScaler", "EpochLiar", "flagged", "SwarmOutcome", "train_swarm",
-    "loopback_swarm")}
+    "WeightInflater", "GradientScaler", "GaussianNoise", "ALIE", "LyingReducer", "EpochLiar",
+    "ATTACKS", "flagged", "SwarmOutcome", "train_swarm", "loopback_swarm")}
+
 _LAZY.update({name: "_churn" for name in (
     "RegressionTask", "ChurnConfig", "ChurnOutcome", "churn_run")})
 

@@ -1,26 +1,13 @@
-"""Members that misbehave on purpose, with the real protocols: :class:`WeightInflater`,
-:class:`GradientScaler`, :class:`EpochLiar`, and :func:`flagged` to see what the
-honest nodes caught.
+"""Swarms with members that misbehave on purpose: :func:`train_swarm`,
+:func:`loopback_swarm`, and :func:`flagged` to see what the honest nodes caught.
 
-Each attacker wraps a real :class:`p2pdl.Optimizer` on a real node, admitted
-to the run like any member, and is driven by the same training loop
-(``loss.backward(); attacker.step(); attacker.zero_grad()``).  Nothing is
-mocked and no protocol message is forged: the attacker only uses what any
-member's program can do with the public API -- pass a batch size of its own
-choosing, change its gradients, set its state keeper's epoch and parameters
-and offer that state.  They show what an admitted but malicious member can
-try; what stops it is the honest peers' bookkeeping (progress quorum and
-role caps, the all-reduce's evidence and share caps, the state donors' vote).
+The attackers themselves (:class:`WeightInflater`, :class:`GradientScaler`,
+:class:`GaussianNoise`, :class:`ALIE`, :class:`LyingReducer`,
+:class:`EpochLiar`, ``ATTACKS``) live in ``p2pdl.training`` (``p2pdl train
+--attack`` runs them) and are re-exported here.  Each wraps a real
+:class:`p2pdl.Optimizer` on a real node, admitted to the run like any
+member, and is driven by the same training loop.
 
-* :class:`WeightInflater` -- flips (and optionally scales) its gradients and,
-  in the step that completes the swarm's batch, claims ``2**31`` samples (the
-  most ``step`` accepts), so that its gradients would dominate the average.
-* :class:`GradientScaler` -- claims its real batch and multiplies its
-  gradients by ``scale`` (-100: flipped and scaled) before every step.
-* :class:`EpochLiar` -- once its optimizer has reached ``from_epoch``, claims
-  a far newer epoch (``10**6``) in every progress report and offers a
-  poisoned state at that epoch through state sync: finite parameters of the
-  right shapes, drawn at random, with its real optimizer state.
 * :func:`train_swarm` -- a whole scenario: sync nodes on loopback (optionally
   members of a certificate run made on the spot), one training thread per
   peer of the given roles on an example task, until the honest peers reach
@@ -47,193 +34,26 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
 from .. import Authority, CertificateRun, Node, Role
-from ..training import ExampleTask, Optimizer, RoundInfo
+from ..training import (
+    ALIE,
+    ATTACKS,
+    EpochLiar,
+    ExampleTask,
+    GaussianNoise,
+    GradientScaler,
+    LyingReducer,
+    Optimizer,
+    RoundInfo,
+    WeightInflater,
+)
 from ..training.config import MAX_STEP_SAMPLES
 from ._swarm import LOOPBACK
 
-__all__ = ["WeightInflater", "GradientScaler", "EpochLiar", "flagged", "MAX_STEP_SAMPLES", "ROLES",
-           "SwarmOutcome", "train_swarm", "loopback_swarm"]
+__all__ = ["WeightInflater", "GradientScaler", "GaussianNoise", "ALIE", "LyingReducer",
+           "EpochLiar", "ATTACKS", "flagged", "MAX_STEP_SAMPLES", "ROLES", "SwarmOutcome",
+           "train_swarm", "loopback_swarm"]
 
 logger = logging.getLogger(__name__)
-
-
-class _Attacker:
-    """What every attacker does as its optimizer does: the training loop's
-    ``zero_grad``, ``local_epoch``, ``statistics`` and ``close``."""
-
-    optimizer: Optimizer
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none)
-
-    @property
-    def local_epoch(self) -> int:
-        return self.optimizer.local_epoch
-
-    def statistics(self) -> dict[str, Any]:
-        return self.optimizer.statistics()
-
-    def close(self) -> None:
-        self.optimizer.close()
-
-
-class WeightInflater(_Attacker):
-    """A member that claims a huge batch and sends flipped gradients.
-
-    Args:
-        optimizer: the member's :class:`p2pdl.Optimizer` (its own node, run, model).
-        claimed_batch: the batch size claimed in the step that completes the
-            swarm's batch (default ``2**31``, the most ``step`` accepts).
-        scale: the gradients are multiplied by ``-scale`` before every step
-            (1.0: flipped; 0: sends zeros).
-
-    Timing, as a careful attacker would: every other step claims the real
-    batch, so that the inflater is ready when the others are and lands in
-    their group; the step after which the swarm's count (as its progress
-    view sees it) reaches the target claims ``claimed_batch``.  That is the
-    weight its all-reduce parts then declare.  Its progress report of that
-    count is beyond any trainer's cap, so honest nodes drop it (and flag it).
-    """
-
-    def __init__(self, optimizer: Optimizer, *, claimed_batch: int = MAX_STEP_SAMPLES,
-                 scale: float = 1.0) -> None:
-        if not 1 <= claimed_batch <= MAX_STEP_SAMPLES:
-            raise ValueError(f"claimed_batch must be in 1..{MAX_STEP_SAMPLES}")
-        self.optimizer = optimizer
-        self.claimed_batch = claimed_batch
-        self.scale = float(scale)
-        self.inflated_steps = 0
-        self.inflated_epochs: list[int] = []   # the epochs whose round it claimed inflated
-
-    def step(self, batch_size: int | None = None) -> bool:
-        """Flip the gradients, claim the batch (inflated when the round is due), step."""
-        opt = self.optimizer
-        real = batch_size if batch_size is not None else opt.config.batch_size_per_step
-        if real is None:
-            raise ValueError("step() needs batch_size (or set batch_size_per_step)")
-        with torch.no_grad():
-            for group in opt.optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        p.grad.mul_(-self.scale)
-        progress = opt.global_progress()
-        due = progress.epoch <= opt.local_epoch and (
-            progress.ready_to_step
-            or progress.samples_accumulated + real >= progress.target_batch_size)
-        claimed = self.claimed_batch if due else real
-        if due:
-            self.inflated_steps += 1
-            if opt.local_epoch not in self.inflated_epochs:
-                self.inflated_epochs.append(opt.local_epoch)
-            logger.debug("weight inflater: claims %d samples at epoch %d", claimed,
-                         opt.local_epoch)
-        return opt.step(batch_size=claimed)
-
-    def statistics(self) -> dict[str, Any]:
-        """The optimizer's counters, ``inflated_steps`` and ``inflated_epochs``."""
-        return {**self.optimizer.statistics(), "inflated_steps": self.inflated_steps,
-                "inflated_epochs": list(self.inflated_epochs)}
-
-
-class GradientScaler(_Attacker):
-    """A member that sends its gradients multiplied by ``scale`` at an honest weight.
-
-    What a robust aggregation rule is for: its weight is exactly its evidence,
-    so only the values are wrong (``scale=-100``: flipped and a hundred times
-    too large; ``-10``, ``100``...).
-    """
-
-    def __init__(self, optimizer: Optimizer, *, scale: float = -100.0) -> None:
-        self.optimizer = optimizer
-        self.scale = float(scale)
-
-    def step(self, batch_size: int | None = None) -> bool:
-        with torch.no_grad():
-            for group in self.optimizer.optimizer.param_groups:
-                for p in group["params"]:
-                    if p.grad is not None:
-                        p.grad.mul_(self.scale)
-        return self.optimizer.step(batch_size=batch_size)
-
-
-class EpochLiar(_Attacker):
-    """A member that claims a far newer epoch and offers a poisoned state at it.
-
-    Args:
-        optimizer: the member's :class:`p2pdl.Optimizer`.
-        claimed_epoch: the epoch it claims (default ``10**6``).
-        from_epoch: it trains honestly until its optimizer reaches this
-            epoch (0: it lies from its first step).  Lying once the swarm
-            is established is the harder case for the others: they already
-            hold each other's reports.
-        poison_scale, seed: the poisoned parameters are
-            ``poison_scale * N(0, 1)`` from a generator seeded with ``seed``
-            (finite, the model's shapes and dtypes).
-
-    Every :meth:`step`, once lying: the optimizer's state keeper is set to
-    ``claimed_epoch`` and the poisoned parameters (again, whenever a step of
-    its own moved them) and the state is offered through state sync
-    (``state_keeper.share``); then the optimizer's own ``step`` reports the
-    samples at that epoch.  Rounds it starts there find no group (nobody
-    else is there), cost it ``matchmaking_time`` and move its epoch on by
-    one (``on_failure``): it then claims that epoch (its reports never go
-    back), still far beyond the others'.
-    """
-
-    def __init__(self, optimizer: Optimizer, *, claimed_epoch: int = 10**6,
-                 from_epoch: int = 0, poison_scale: float = 1.0, seed: int = 666) -> None:
-        if claimed_epoch < 1:
-            raise ValueError("claimed_epoch must be at least 1")
-        self.optimizer = optimizer
-        self.claimed_epoch = claimed_epoch
-        self.from_epoch = from_epoch
-        self.poison_scale = float(poison_scale)
-        self.seed = seed
-        self.lying = False
-        self.shares = 0
-        self._lied_at = -1
-        self.lied_epochs: list[int] = []   # the epochs it claimed (its reports' epochs)
-
-    def poisoned_parameters(self) -> list[torch.Tensor]:
-        """The parameters it offers: the same on every call."""
-        generator = torch.Generator().manual_seed(self.seed)
-        return [(torch.randn(p.shape, generator=generator) * self.poison_scale).to(p.dtype)
-                for group in self.optimizer.optimizer.param_groups for p in group["params"]]
-
-    def lie(self) -> None:
-        """Take the claimed epoch and the poisoned parameters, and offer that state."""
-        opt = self.optimizer
-        params = [p for group in opt.optimizer.param_groups for p in group["params"]]
-        with torch.no_grad():
-            for p, value in zip(params, self.poisoned_parameters(), strict=True):
-                p.copy_(value)
-        # A round of its own (which finds nobody at the claimed epoch) moves it on
-        # by one; epochs never go back in its reports, so it claims that one then.
-        opt.state_keeper.epoch = max(self.claimed_epoch, opt.local_epoch)
-        opt.state_keeper.share(force=True)
-        self.shares += 1
-        if opt.state_keeper.epoch not in self.lied_epochs:
-            self.lied_epochs.append(opt.state_keeper.epoch)
-        if not self.lying:
-            logger.info("epoch liar: claims epoch %d and offers a poisoned state",
-                        self.claimed_epoch)
-        self.lying = True
-
-    def step(self, batch_size: int | None = None) -> bool:
-        """Step honestly before ``from_epoch``; then lie (:meth:`lie`) and step."""
-        opt = self.optimizer
-        if not self.lying and opt.local_epoch < self.from_epoch:
-            return opt.step(batch_size)
-        if not self.lying or opt.local_epoch != self._lied_at:
-            self.lie()
-            self._lied_at = opt.local_epoch
-        return opt.step(batch_size)
-
-    def statistics(self) -> dict[str, Any]:
-        """The optimizer's counters, ``lying``, ``shares`` (poisoned states offered)
-        and ``lied_epochs`` (the epochs it claimed)."""
-        return {**self.optimizer.statistics(), "lying": self.lying, "shares": self.shares,
-                "lied_epochs": list(self.lied_epochs)}
 
 
 def flagged(node: Any, run_id: str | None = None) -> dict[str, dict[str, int]]:
@@ -253,7 +73,7 @@ def flagged(node: Any, run_id: str | None = None) -> dict[str, dict[str, int]]:
 JOIN_BARRIER = 30.0
 
 #: The roles :func:`train_swarm` knows.
-ROLES = ("honest", "late", "inflater", "scaler", "liar", "liar0")
+ROLES = ("honest", "late", "inflater", "scaler", "liar", "liar0", "lying_reducer")
 
 
 @dataclasses.dataclass
@@ -316,7 +136,8 @@ class SwarmOutcome:
         liar, whose attack is its reports and its offered state rather than
         values in a round: the epochs it claimed, once the honest peers heard
         the claim (they flagged it ``epoch_ahead``).  Empty: the attack was
-        never mounted.
+        never mounted.  A lying reducer: the rounds in which an honest peer took
+        its values, once an honest check proved its part a lie (``reducer_lie``).
         """
         role, stats = self.roles[index], self.stats[index]
         if role in ("inflater", "scaler"):
@@ -324,6 +145,9 @@ class SwarmOutcome:
         if role in ("liar", "liar0"):
             heard = self.flags_on(index).get("epoch_ahead", 0) > 0
             return sorted(stats.get("lied_epochs", ())) if heard else []
+        if role == "lying_reducer":   # its shifted part reached an honest peer's check
+            caught = self.flags_on(index).get("reducer_lie", 0) > 0
+            return self.rounds_with(index) if caught else []
         return []
 
     def unmounted(self) -> list[str]:
@@ -408,6 +232,8 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
                 drivers[i] = GradientScaler(opt)
             elif roles[i] in ("liar", "liar0"):
                 drivers[i] = EpochLiar(opt, from_epoch=1 if roles[i] == "liar" else 0)
+            elif roles[i] == "lying_reducer":
+                drivers[i] = LyingReducer(opt)
             else:
                 drivers[i] = opt
 

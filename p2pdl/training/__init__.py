@@ -13,6 +13,9 @@ Modules:
 * ``_checkpoint`` -- atomic checkpoints (temp file, fsync, rename) and resuming.
 * ``_example`` -- the built-in example task: a small transformer language
   model on the documentation text that ships with CPython (no downloads).
+* ``_attacks`` -- members that misbehave on purpose (``ATTACKS``: each kind
+  of ``p2pdl train --attack`` and ``p2pdl demo --attacker``); imported when
+  first used.
 
 State sync, which the Optimizer uses to catch up, is the package
 ``p2pdl.statesync``; its public names are re-exported here for old imports.
@@ -42,3 +45,16 @@ from ._strategies import DeDLOCStrategy as DeDLOCStrategy
 from ._strategies import DiLoCoStrategy as DiLoCoStrategy
 from ._strategies import Strategy as Strategy
 from .config import OptimizerConfig as OptimizerConfig
+
+_LAZY = ("GradientScaler", "GaussianNoise", "WeightInflater", "ALIE", "LyingReducer",
+         "EpochLiar", "ATTACKS")
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from . import _attacks
+
+        value = getattr(_attacks, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

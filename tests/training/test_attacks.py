@@ -201,3 +201,20 @@ def test_an_inflater_and_a_liar_admitted_to_a_certificate_run(task, honest_run):
     check_attacks_mounted(outcome)
     check_inflater_capped(outcome)
     check_liar_flagged(outcome)
+
+
+def test_a_lying_reducer_is_proven_a_liar_and_banned_with_the_defaults(task, honest_run):
+    """A member whose reducer shifts its part by 10 after averaging it honestly
+    (``LyingReducer``), with the default all-reduce: every honest member's check
+    of its part fails, the dispute proves the lie (``reducer_lie``) and bans it;
+    the honest peers stay bit-identical and on course."""
+    outcome = run_scenario(task, ["honest", "honest", "honest", "lying_reducer"],
+                           "lying-reducer")
+    check_honest_peers(outcome, honest_run, ATTACK_BOUND)
+    check_attacks_mounted(outcome)
+    liar = outcome.of("lying_reducer")
+    assert outcome.flags_on(liar).get("reducer_lie", 0) >= 1, outcome.flags
+    banned_by = [i for i in outcome.honest() if outcome.peer_ids[liar] in outcome.bans[i]]
+    assert banned_by, (outcome.bans, outcome.allreduce)
+    honest_ids = {outcome.peer_ids[i] for i in outcome.honest()}
+    assert not any(honest_ids & set(outcome.flags[i]) for i in outcome.honest()), outcome.flags

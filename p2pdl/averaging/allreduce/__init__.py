@@ -7,13 +7,16 @@ Modules:
 * ``config`` -- :class:`AllReduceConfig` (documented defaults) and the hard
   limits of chunks and timeouts.
 * ``_messages`` -- the protocol: begin, done, reject, and after the round
-  have and check; the chunks travel as TENSOR frames.
+  have, check, dispute and proof; the chunks travel as TENSOR frames.
 * ``_state`` -- sans-IO: the :class:`Layout` of parts and chunks every member
   computes, :class:`PartReducer` (held chunks, weights bounded by evidence and
   by :func:`cap_shares`, exclusions, averages chunk by chunk),
   :class:`PartReceiver`, the results.
 * ``_verify`` -- sans-IO: checking a reducer's result from its contributors'
   sketches (:class:`RoundVerifier`, :func:`check_part`).
+* ``_evidence`` -- sans-IO: what settles a dispute over a failed check: the
+  senders' signed commitments, signed reports, and what a reducer keeps
+  and shows (:class:`ReducerEvidence`).
 * ``_service`` -- :class:`AllReduceService`: the streams of a butterfly
   all-reduce, sending, reducing and receiving at once; each sender's weight
   bounded by what its progress reports support (``weight_evidence``), the

@@ -10,7 +10,11 @@ One stream per (sender, reducer) pair, opened by the sender:
    or ``ar.reject`` at any point, and the stream ends.
 
 After the round, one stream per pair of members that use the results: each
-side sends ``ar.have`` (the parts it completed) once, the dialer first.
+side sends ``ar.have`` (the parts it completed) once, the dialer first; when
+both verify, each then sends ``ar.check`` (its signed reports).  A member
+whose check of a part failed opens one more stream to its reducer:
+``ar.dispute`` (the reports it used), answered by ``ar.proof`` and the
+committed chunks of the contributors whose reports the reducer disputes.
 """
 
 from __future__ import annotations
@@ -20,11 +24,13 @@ from typing import Annotated
 from ...progress import Report
 from ...wire import MaxLen, Message, MessageSet, Range
 from ..matchmaking.config import GROUP_ID_SIZE, MAX_CODE_LENGTH, MAX_DETAIL_LENGTH, MAX_GROUP_SIZE
+from ._evidence import CHUNK_DIGEST_SIZE, MAX_COMMITTED_CHUNKS, SIGNATURE_SIZE
 from ._verify import NONCE_SIZE, SKETCH_BUCKETS
 
 __all__ = ["ALLREDUCE_PROTOCOL_ID", "Begin", "Segment", "Done", "Reject", "Have", "PartCheck",
-           "Check", "REJECT_CODES", "SENDER_MESSAGES", "REDUCER_MESSAGES", "HAVE_MESSAGES",
-           "CHECK_MESSAGES", "LAYOUT_DIGEST_SIZE", "RESULT_DIGEST_SIZE", "MAX_WEIGHT",
+           "Check", "SignedReport", "Dispute", "Shown", "Proof", "REJECT_CODES",
+           "SENDER_MESSAGES", "REDUCER_MESSAGES", "HAVE_MESSAGES", "CHECK_MESSAGES",
+           "PROOF_MESSAGES", "LAYOUT_DIGEST_SIZE", "RESULT_DIGEST_SIZE", "MAX_WEIGHT",
            "MAX_SEGMENTS", "MAX_TAU"]
 
 ALLREDUCE_PROTOCOL_ID = "/p2pdl/allreduce/1.0.0"
@@ -58,6 +64,10 @@ REJECT_CODES = {
     "not_admitted": "the reducer's admission gate refused the sender for this group's run",
     "not_exchanging": "the addressed member takes no part in the post-round exchange with "
                       "this member (ar.have)",
+    "uncommitted": "the sender's ar.begin carries no valid commitment to its chunks, and "
+                   "the reducer verifies",
+    "no_evidence": "the reducer no longer holds (or never held) what its contributors sent "
+                   "for this group, or the dispute names another result",
 }
 
 
@@ -69,7 +79,10 @@ class Begin(Message, tag="ar.begin"):
     who contribute nothing and need nothing).  ``report``: the sender's own
     latest signed progress report for the group's run and epoch, the
     evidence of ``weight`` (None: the reducer judges by the reports it holds;
-    old senders send none, and old reducers ignore it).
+    old senders send none, and old reducers ignore it).  ``chunks``: the
+    SHA-256 of each chunk payload it will send, in order, and ``commitment``
+    its signature over them (protocols/allreduce.md, Disputes; None from r8
+    senders and with a rule that has no check).
     """
 
     group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
@@ -79,6 +92,9 @@ class Begin(Message, tag="ar.begin"):
     weight: Annotated[float, Range(0.0, MAX_WEIGHT)]
     want_result: bool = True
     report: Report | None = None
+    chunks: Annotated[list[Annotated[bytes, MaxLen(CHUNK_DIGEST_SIZE)]],
+                      MaxLen(MAX_COMMITTED_CHUNKS)] | None = None
+    commitment: Annotated[bytes, MaxLen(SIGNATURE_SIZE)] | None = None
 
 
 class Segment(Message, tag="ar.segment"):
@@ -131,12 +147,14 @@ class Have(Message, tag="ar.have"):
 class PartCheck(Message, tag="ar.part_check"):
     """A contributor's report on ``part`` for the addressed verifier's nonce:
     the digest of the result it holds, its sketch (SKETCH_BUCKETS float32,
-    little-endian) and its distance to the result in each chunk."""
+    little-endian), its distance to the result in each chunk, and its
+    signature over all that (None from r8 members)."""
 
     part: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
     digest: Annotated[bytes, MaxLen(RESULT_DIGEST_SIZE)]
     sketch: Annotated[bytes, MaxLen(4 * SKETCH_BUCKETS)]
     distances: Annotated[list[float], MaxLen(MAX_SEGMENTS)]
+    signature: Annotated[bytes, MaxLen(SIGNATURE_SIZE)] | None = None
 
 
 class Check(Message, tag="ar.check"):
@@ -148,11 +166,52 @@ class Check(Message, tag="ar.check"):
     reports: Annotated[list[PartCheck], MaxLen(MAX_GROUP_SIZE)]
 
 
-#: What a reducer accepts first on a stream (``ar.begin``, or the dialer's
-#: ``ar.have`` of the post-round exchange); what a sender accepts from a
-#: reducer; what a dialer of the exchange accepts in reply.
-SENDER_MESSAGES = MessageSet(Begin, Have)
+class SignedReport(Message, tag="ar.signed_report"):
+    """A contributor's report as a verifier heard it (in ``ar.dispute``)."""
+
+    contributor: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
+    report: PartCheck
+
+
+class Dispute(Message, tag="ar.dispute"):
+    """Member ``sender``'s check of the addressed reducer's part failed: its
+    nonce, the digest of the result it holds, and the reports it used."""
+
+    group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
+    sender: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
+    nonce: Annotated[bytes, MaxLen(NONCE_SIZE)]
+    digest: Annotated[bytes, MaxLen(RESULT_DIGEST_SIZE)]
+    reports: Annotated[list[SignedReport], MaxLen(MAX_GROUP_SIZE)]
+
+
+class Shown(Message, tag="ar.shown"):
+    """A contributor whose committed chunks follow an ``ar.proof``: its
+    chunk digests and its signature over them, as its ``ar.begin`` carried,
+    and how many of its chunks (the first ``delivered``) the reducer received."""
+
+    contributor: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
+    delivered: Annotated[int, Range(0, MAX_COMMITTED_CHUNKS)]
+    chunks: Annotated[list[Annotated[bytes, MaxLen(CHUNK_DIGEST_SIZE)]],
+                      MaxLen(MAX_COMMITTED_CHUNKS)]
+    commitment: Annotated[bytes, MaxLen(SIGNATURE_SIZE)]
+
+
+class Proof(Message, tag="ar.proof"):
+    """The reducer's answer to ``ar.dispute``: the contributors whose reports
+    it disputes (or that the verifier lacks), in ascending order; their
+    chunks follow as TENSOR frames, contributor by contributor, in order."""
+
+    shown: Annotated[list[Shown], MaxLen(MAX_GROUP_SIZE)]
+
+
+#: What a reducer accepts first on a stream (``ar.begin``, the dialer's
+#: ``ar.have`` of the post-round exchange, or a verifier's ``ar.dispute``);
+#: what a sender accepts from a reducer; what a dialer of the exchange
+#: accepts in reply.
+SENDER_MESSAGES = MessageSet(Begin, Have, Dispute)
 REDUCER_MESSAGES = MessageSet(Done, Reject)
 HAVE_MESSAGES = MessageSet(Have, Reject)
 #: What either member of an exchange accepts once the ``ar.have`` are through.
 CHECK_MESSAGES = MessageSet(Check)
+#: What a disputing verifier accepts from the reducer.
+PROOF_MESSAGES = MessageSet(Proof, Reject)

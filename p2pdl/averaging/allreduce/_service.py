@@ -34,7 +34,6 @@ import dataclasses
 import logging
 import math
 import secrets
-import struct
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,19 +51,35 @@ from ...service import Opened, Refusal, ServiceContext, Statistics, StreamEndpoi
 from ...wire import FramedStream, TensorChunk, encode_message, open_framed_stream
 from .._balancing import round_time
 from ..matchmaking.config import MAX_DETAIL_LENGTH
+from ._evidence import (
+    MAX_COMMITTED_CHUNKS,
+    ReducerEvidence,
+    chunk_digest,
+    commitment_payload,
+    decode_chunks,
+    pack_sketch,
+    report_payload,
+    signed_by,
+    unpack_report,
+)
 from ._messages import (
     ALLREDUCE_PROTOCOL_ID,
     CHECK_MESSAGES,
     HAVE_MESSAGES,
     MAX_WEIGHT,
+    PROOF_MESSAGES,
     REDUCER_MESSAGES,
     SENDER_MESSAGES,
     Begin,
     Check,
+    Dispute,
     Done,
     Have,
     PartCheck,
+    Proof,
     Reject,
+    Shown,
+    SignedReport,
 )
 from ._state import (
     AUXILIARY_NO_RESULT,
@@ -82,8 +97,8 @@ from ._state import (
     exchange_roles,
     settle_parts,
 )
-from ._verify import NONCE_SIZE, SKETCH_BUCKETS, Report, RoundVerifier, Verdict, verifiable
-from .config import AllReduceConfig
+from ._verify import NONCE_SIZE, Report, RoundVerifier, Verdict, sketch_plan, verifiable
+from .config import MAX_EVIDENCE_ROUNDS, AllReduceConfig
 
 if TYPE_CHECKING:
     import torch
@@ -113,6 +128,11 @@ OUTLIER_FLAG = "outlier_values"
 CHECK_FLAG = "reducer_check_failed"
 #: The flag a member raises on a contributor whose report was a lie on its face.
 REPORT_FLAG = "report_beyond_bound"
+#: The flag of a contributor whose signed report its own committed chunks refute.
+LIE_FLAG = "report_lie"
+#: The flag of a reducer whose part still failed once it showed its evidence
+#: (or that showed false evidence).
+REDUCER_LIE_FLAG = "reducer_lie"
 
 logger = logging.getLogger(__name__)
 
@@ -148,13 +168,19 @@ class AllReduceStatistics(Statistics):
     member lacked them and their reducer was gone; ``parts_disputed``: parts
     it completed that a member lacked while their reducer was connected.
     ``parts_checked``: other members' parts this node verified (Verification);
-    ``parts_check_failed``: those whose check failed (dropped here, the
-    reducer flagged ``reducer_check_failed``); ``parts_unverifiable``: those
-    it could not judge (a report missing under the mean); ``reports_refused``:
+    ``parts_check_failed``: those whose check failed, disputes included
+    (dropped here, the reducer flagged ``reducer_lie`` or
+    ``reducer_check_failed``); ``parts_unverifiable``: those it could not
+    judge (a report missing under the mean); ``reports_refused``:
     contributors' reports that were lies on their face (each flagged
-    ``report_beyond_bound``).  ``verification_bytes_sent``: what verification
-    added to this node's messages (nonces, digests, ``ar.check``), in bytes of
-    their msgpack bodies.
+    ``report_beyond_bound``).  ``disputes_opened``: failed checks this node
+    disputed with their reducer; ``disputes_cleared``: those whose part
+    passed once the reducer showed its contributors' committed chunks;
+    ``report_lies``: contributors those chunks proved liars (each flagged
+    ``report_lie``); ``disputes_answered``: disputes this node answered as
+    a reducer.  ``verification_bytes_sent``: what verification added to
+    this node's messages (nonces, digests, commitments, ``ar.check``), in
+    bytes of their msgpack bodies.
     """
 
     active: int
@@ -178,6 +204,10 @@ class AllReduceStatistics(Statistics):
     parts_check_failed: int = 0
     parts_unverifiable: int = 0
     reports_refused: int = 0
+    disputes_opened: int = 0
+    disputes_cleared: int = 0
+    report_lies: int = 0
+    disputes_answered: int = 0
     verification_bytes_sent: int = 0
 
 
@@ -226,6 +256,13 @@ class _Session:
         self.verifier: RoundVerifier | None = None
         self.exchanged: set[int] = set()
         self.verdicts: dict[int, Verdict] = {}
+        # Disputes: this member's encoded chunks of each part it sent (committed
+        # to), and, as a reducer that verifies, what it keeps to answer disputes.
+        self.encoded: dict[int, list[bytes]] = {}
+        self.evidence: ReducerEvidence | None = None
+        # part -> how its dispute ended: "cleared", "reducer_lie" or
+        # "unanswered", the contributors proven liars, and why
+        self.disputes: dict[int, tuple[str, frozenset[int], str]] = {}
 
     def progressed(self) -> None:
         self._progress.set()
@@ -275,6 +312,7 @@ class AllReduceService:
                  weight_evidence: WeightEvidence | None = None,
                  own_report: OwnReport | None = None) -> None:
         self._host = context.host
+        self._key = context.host.libp2p.get_private_key()
         self._wire = context.wire
         self._clock = context.clock
         self._flags = context.flags
@@ -282,6 +320,9 @@ class AllReduceService:
         self._evidence = weight_evidence
         self._own_report = own_report
         self._config = config or AllReduceConfig()
+        #: The class this node's reducers are (a modified client may replace it:
+        #: ``p2pdl.training.LyingReducer`` does, to show what verification catches).
+        self.part_reducer: type[PartReducer] = PartReducer
         self._sessions: dict[bytes, _Session] = {}
         # Finished groups: what a late ``ar.have`` is answered with.
         self._recent: collections.OrderedDict[bytes, _Finished] = collections.OrderedDict()
@@ -366,7 +407,7 @@ class AllReduceService:
         if layout.chunks[me]:
             senders = [i for i, m in enumerate(group.members)
                        if i != me and not m.auxiliary]
-            session.reducer = PartReducer(layout, me, senders, flat[lo:hi],
+            session.reducer = self.part_reducer(layout, me, senders, flat[lo:hi],
                                           session.weight, me, start, config.sender_timeout,
                                           max_share=config.max_weight_share,
                                           max_ahead=config.max_chunks_ahead,
@@ -418,6 +459,7 @@ class AllReduceService:
                         if not auxiliary:
                             nursery.start_soon(exchange, r)
             session.held = _held(session, receivers)
+            session.evidence = self._keep_evidence(session)
             session.verifier = self._verifier(session, receivers, originals)
             session.settled.set()
             settlement = Settlement({}, {})
@@ -425,7 +467,7 @@ class AllReduceService:
                 with trio.move_on_at(session.deadline + HAVE_GRACE):
                     await self._exchange_haves(session)
                 settlement = self._settle(session)
-                self._judge(session)
+                await self._judge(session)
         finally:
             self._unregister(session)
         return self._result(session, originals, receivers, errors, inplace, settlement)
@@ -452,10 +494,12 @@ class AllReduceService:
                                                  timeout=min(remaining, config.reducer_timeout))
         async with open_framed_stream(net_stream, self._wire) as stream:
             try:
+                chunks, commitment = self._commit(session, r)
                 await stream.send_message(Begin(session.group.group_id, session.me, r,
                                                 session.layout.digest, session.weight,
                                                 want_result=not session.auxiliary,
-                                                report=session.report))
+                                                report=session.report, chunks=chunks,
+                                                commitment=commitment))
                 async with open_service_nursery() as nursery:
                     nursery.start_soon(self._send_values, stream, session, r, sent, pending)
                     await self._receive_results(stream, session, r, receiver)
@@ -471,8 +515,10 @@ class AllReduceService:
         flat = session.flat
         try:
             if session.weight > 0:
-                for chunk in session.layout.chunks[r]:
-                    payload = chunk.codec.encode(flat[chunk.start:chunk.end])
+                encoded = session.encoded.get(r)
+                for k, chunk in enumerate(session.layout.chunks[r]):
+                    payload = encoded[k] if encoded is not None \
+                        else chunk.codec.encode(flat[chunk.start:chunk.end])
                     await stream.send_tensor_chunk(chunk.header(), payload)
             # No half-close: the reducer knows the chunk count, and py-libp2p's
             # Yamux breaks a stream whose peer half-closes while it still writes.
@@ -482,6 +528,24 @@ class AllReduceService:
         sent[0] += 1
         if sent[0] == pending:
             session.mark("scatter")
+
+    def _commit(self, session: _Session, r: int) -> tuple[list[bytes] | None, bytes | None]:
+        """This sender's commitment to its chunks of part ``r`` (Disputes): it
+        encodes them now (kept to send and to verify with) and signs their
+        digests.  (None, None): nothing to commit to (no values, no chunks,
+        too many, or a rule without a check)."""
+        layout = session.layout
+        chunks = layout.chunks[r]
+        if session.weight <= 0 or not verifiable(layout.aggregator) or not chunks \
+                or len(chunks) > MAX_COMMITTED_CHUNKS:
+            return None, None
+        payloads = [bytes(c.codec.encode(session.flat[c.start:c.end])) for c in chunks]
+        session.encoded[r] = payloads
+        digests = [chunk_digest(p) for p in payloads]
+        signature = self._key.sign(commitment_payload(session.group.group_id, r, session.me,
+                                                      digests))
+        self._counters["verification_bytes_sent"] += sum(map(len, digests)) + len(signature)
+        return digests, signature
 
     async def _receive_results(self, stream: FramedStream, session: _Session, r: int,
                                receiver: PartReceiver) -> None:
@@ -684,6 +748,8 @@ class AllReduceService:
             lo, hi = layout.part_bounds[r]
             if r == session.me:
                 return flat[lo:hi].clone()
+            if r in session.encoded:
+                return decode_chunks(layout, r, session.encoded[r])
             own = flat.new_empty(hi - lo)
             for chunk in layout.chunks[r]:
                 a, b = chunk.start - lo, chunk.end - lo
@@ -714,9 +780,14 @@ class AllReduceService:
         if have.digests is None or len(have.digests) != len(have.parts):
             raise RemoteProtocolError("an ar.have with a nonce must name one digest per part")
         reports = verifier.reports_for(j, have.nonce, have.parts, have.digests)
-        check = Check(session.group.group_id, session.me,
-                      [PartCheck(r, digest, struct.pack(f"<{SKETCH_BUCKETS}f", *report.sketch),
-                                 list(report.distances)) for r, digest, report in reports])
+        group_id = session.group.group_id
+        checks = []
+        for r, digest, report in reports:
+            sketch = pack_sketch(report.sketch)
+            signature = self._key.sign(report_payload(group_id, r, session.me, have.nonce,
+                                                      digest, sketch, report.distances))
+            checks.append(PartCheck(r, digest, sketch, list(report.distances), signature))
+        check = Check(group_id, session.me, checks)
         self._counters["verification_bytes_sent"] += len(encode_message(check))
         return check
 
@@ -743,42 +814,207 @@ class AllReduceService:
             if part.part in seen or part.part >= len(session.group):
                 raise RemoteProtocolError("an ar.check names a part twice, or no member's")
             seen.add(part.part)
-            report = None
-            if len(part.sketch) == 4 * SKETCH_BUCKETS:
-                report = Report(struct.unpack(f"<{SKETCH_BUCKETS}f", part.sketch),
-                                tuple(part.distances))
+            report = unpack_report(part.sketch, part.distances)
+            if report is not None and not signed_by(
+                    session.group.members[j].peer_id,
+                    report_payload(session.group.group_id, part.part, j, verifier.nonce,
+                                   part.digest, part.sketch, part.distances),
+                    part.signature):
+                report = None   # unsigned (or falsely signed): no evidence, as none
             reports.append((part.part, part.digest, report))
+            if report is not None:
+                verifier.signed[part.part, j] = part
         verifier.hear_reports(j, reports)
 
     def _exchanged(self, session: _Session, j: int) -> None:
         session.exchanged.add(j)
         session.progressed()
 
-    def _judge(self, session: _Session) -> None:
-        """The verdicts on the parts this member checks; flags what they prove."""
+    async def _judge(self, session: _Session) -> None:
+        """The verdicts on the parts this member checks; disputes those that
+        failed with their reducers; flags what the outcome proves."""
         verifier = session.verifier
         if verifier is None:
             return
         group = session.group
         session.verdicts = verifier.verdicts()
+        failed = [r for r, verdict in sorted(session.verdicts.items())
+                  if verdict.status == "failed"]
+        if failed:
+            with trio.move_on_after(session.config.reducer_timeout):
+                async with trio.open_nursery() as nursery:
+                    for r in failed:
+                        nursery.start_soon(self._dispute, session, r)
         now = self._clock()
         liars: set[int] = set()
+        proven: set[int] = set()
         for r, verdict in sorted(session.verdicts.items()):
             self._counters["parts_checked"] += 1
             self._counters["reports_refused"] += len(verdict.liars)
             liars |= verdict.liars
+            outcome, lied, why = session.disputes.get(r, ("", frozenset(), ""))
+            proven |= lied
+            peer = group.members[r].peer_id
+            if outcome == "cleared":
+                self._counters["disputes_cleared"] += 1
+                logger.info("all-reduce %s: part %d (reducer %s) passed once its reducer "
+                            "showed the committed data of member(s) %s", group.group_id.hex()[:8],
+                            r, peer, sorted(lied))
             if verdict.status == "unverifiable":
                 self._counters["parts_unverifiable"] += 1
             elif verdict.status == "failed":
                 self._counters["parts_check_failed"] += 1
-                self._flags.flag(group.members[r].peer_id, group.run_id, CHECK_FLAG, now)
-                logger.warning("all-reduce %s: part %d (reducer %s) failed its check, dropped: "
-                               "%s", group.group_id.hex()[:8], r, group.members[r].peer_id,
-                               verdict.reason)
-        for liar in sorted(liars):   # once per round
+                flag = REDUCER_LIE_FLAG if outcome == "reducer_lie" else CHECK_FLAG
+                self._flags.flag(peer, group.run_id, flag, now, why or verdict.reason)
+                logger.warning("all-reduce %s: part %d (reducer %s) failed its check, dropped "
+                               "(%s): %s", group.group_id.hex()[:8], r, peer,
+                               "its evidence did not clear it" if outcome == "reducer_lie"
+                               else "its reducer did not answer the dispute",
+                               why or verdict.reason)
+        for liar in sorted(proven):   # once per round
+            self._counters["report_lies"] += 1
+            self._flags.flag(group.members[liar].peer_id, group.run_id, LIE_FLAG, now,
+                             "its signed report differs from its own committed chunks")
+        for liar in sorted(liars - proven):
             self._flags.flag(group.members[liar].peer_id, group.run_id, REPORT_FLAG, now)
             logger.info("all-reduce %s: member %d (%s) reported a sketch that is a lie on its "
                         "face", group.group_id.hex()[:8], liar, group.members[liar].peer_id)
+
+    # -- disputes ---------------------------------------------------------
+
+    def _keep_evidence(self, session: _Session) -> ReducerEvidence | None:
+        """What this reducer keeps to answer disputes (None: it verifies
+        nothing, or its part is not complete)."""
+        reducer = session.reducer
+        if reducer is None or not reducer.complete or not session.config.verify \
+                or not verifiable(session.layout.aggregator):
+            return None
+        return reducer.evidence(session.group.group_id)
+
+    async def _dispute(self, session: _Session, r: int) -> None:
+        """Dispute part ``r`` with its reducer: send it the reports this
+        member used, check what it shows, and judge the part again."""
+        verifier = session.verifier
+        assert verifier is not None
+        group = session.group
+        peer = group.members[r].peer_id
+        reports = [SignedReport(j, check) for (part, j), check in sorted(verifier.signed.items())
+                   if part == r]
+        dispute = Dispute(group.group_id, session.me, verifier.nonce, verifier.digests[r],
+                          reports)
+        session.disputes[r] = ("unanswered", frozenset(), "")
+        self._counters["disputes_opened"] += 1
+        try:
+            net_stream = await self._host.new_stream(peer, ALLREDUCE_PROTOCOL_ID,
+                                                     timeout=session.config.reducer_timeout)
+            async with open_framed_stream(net_stream, self._wire) as stream:
+                try:
+                    await stream.send_message(dispute)
+                    shown = await self._receive_proof(stream, session, r)
+                except RemoteProtocolError:
+                    self._counters["protocol_errors"] += 1
+                    await stream.reset()
+                    raise
+        except RemoteProtocolError as exc:   # false evidence: the reducer's own doing
+            session.disputes[r] = ("reducer_lie", frozenset(), f"false evidence: {exc}")
+            return
+        except P2PDLError as exc:
+            logger.info("all-reduce %s: reducer %d (%s) did not answer the dispute of its "
+                        "part: %s", group.group_id.hex()[:8], r, peer, exc)
+            return
+        liars, verdict = verifier.reconsider(r, shown)
+        session.verdicts[r] = verdict
+        session.disputes[r] = ("reducer_lie" if verdict.status == "failed" else "cleared",
+                               liars, verdict.reason)
+
+    async def _receive_proof(self, stream: FramedStream, session: _Session, r: int
+                             ) -> dict[int, torch.Tensor]:
+        """The reducer's ``ar.proof`` and the chunks it shows, checked against
+        their contributors' signed digests: contributor -> its values of part
+        ``r`` as the reducer decoded them.  RemoteProtocolError for anything
+        false."""
+        verifier = session.verifier
+        assert verifier is not None
+        group, layout = session.group, session.layout
+        item = await stream.receive(PROOF_MESSAGES)
+        if item is None:
+            raise StreamClosedError("the reducer ended the stream before its ar.proof")
+        if isinstance(item, TensorChunk):
+            raise RemoteProtocolError("expected ar.proof")
+        _, proof = item
+        if isinstance(proof, Reject):
+            raise _Rejected(f"refused: {proof.code}")
+        assert isinstance(proof, Proof)
+        chunks = layout.chunks[r]
+        contributors = {j for claim in verifier.part_claims(r) for j in claim.contributors}
+        out: dict[int, torch.Tensor] = {}
+        for shown in proof.shown:
+            j = shown.contributor
+            if j in out or j in (session.me, r) or j not in contributors \
+                    or (out and j < max(out)):
+                raise RemoteProtocolError(f"ar.proof shows member {j} out of place")
+            if len(shown.chunks) != len(chunks) or shown.delivered > len(chunks):
+                raise RemoteProtocolError("ar.proof: a commitment of the wrong length")
+            if not signed_by(group.members[j].peer_id,
+                             commitment_payload(group.group_id, r, j, shown.chunks),
+                             shown.commitment):
+                raise RemoteProtocolError(f"ar.proof: a commitment member {j} did not sign")
+            payloads = []
+            for k in range(shown.delivered):
+                frame = await stream.receive(PROOF_MESSAGES)
+                if not isinstance(frame, TensorChunk):
+                    raise RemoteProtocolError("ar.proof: fewer chunks than it announced")
+                chunks[k].check(frame.header)
+                data = bytes(frame.data)
+                if chunk_digest(data) != shown.chunks[k]:
+                    raise RemoteProtocolError(f"ar.proof: chunk {k} of member {j} is not the "
+                                              f"one it committed to")
+                payloads.append(data)
+            out[j] = decode_chunks(layout, r, payloads)
+        return out
+
+    async def _serve_dispute(self, stream: FramedStream, target: _Session | _Finished,
+                             dispute: Dispute) -> None:
+        """A verifier disputes this reducer's part: show the committed chunks of
+        every contributor whose report, as the verifier heard it, differs
+        from what its chunks give (or that it lacks)."""
+        group, me = target.group, target.me
+        j = dispute.sender
+        if j >= len(group) or group.members[j].peer_id != stream.peer_id:
+            raise RejectError("not_member", f"the stream's peer is not member {j}")
+        if isinstance(target, _Session):
+            with trio.move_on_at(target.deadline + HAVE_GRACE):
+                await target.settled.wait()
+            evidence = target.evidence
+        else:
+            evidence = target.evidence if trio.current_time() <= target.kept_until else None
+        if evidence is None or dispute.digest != evidence.digest \
+                or len(dispute.nonce) != NONCE_SIZE:
+            raise RejectError("no_evidence", "no evidence kept for that result")
+        if j in evidence.answered:
+            raise RejectError("duplicate", f"member {j} already disputed this part")
+        evidence.answered.add(j)
+        reports: dict[int, Report | None] = {}
+        for signed in dispute.reports:
+            if signed.contributor in reports or signed.contributor >= len(group):
+                raise RemoteProtocolError("ar.dispute names a contributor twice, or no member")
+            check = signed.report
+            reports[signed.contributor] = unpack_report(check.sketch, check.distances) \
+                if check.part == me and check.digest == evidence.digest else None
+        plan = sketch_plan(group.group_id, me, dispute.nonce, evidence.result.numel())
+        shown = evidence.disputed(j, plan, reports)
+        self._counters["disputes_answered"] += 1
+        await stream.send_message(Proof([
+            Shown(c, len(evidence.committed[c][2]), list(evidence.committed[c][0]),
+                  evidence.committed[c][1]) for c in shown]))
+        chunks = target.layout.chunks[me]
+        for c in shown:
+            for k, payload in enumerate(evidence.committed[c][2]):
+                await stream.send_tensor_chunk(chunks[k].header(), payload)
+        logger.info("all-reduce %s: member %d disputed this reducer's part; showed the "
+                    "committed chunks of member(s) %s", group.group_id.hex()[:8], j, shown)
+        with trio.move_on_after(DONE_LINGER):
+            await stream.wait_peer_done()
 
     # -- reducer side -----------------------------------------------------
 
@@ -841,11 +1077,11 @@ class AllReduceService:
             if scope.cancelled_caught or item is None or isinstance(item, TensorChunk):
                 raise RemoteProtocolError("an all-reduce stream must start with ar.begin")
             _, begin = item
-            if isinstance(begin, Have):
+            if isinstance(begin, (Have, Dispute)):
                 finished = self._recent.get(begin.group_id)
                 if finished is not None and begin.group_id not in self._sessions:
                     return Opened(finished.group.run_id, (finished, begin))
-            assert isinstance(begin, (Begin, Have))
+            assert isinstance(begin, (Begin, Have, Dispute))
             session = await self._find_session_while_open(stream, begin.group_id)
             return Opened(session.group.run_id, (session, begin))
         except RemoteProtocolError as exc:
@@ -867,21 +1103,29 @@ class AllReduceService:
             for index, member in enumerate(session.group.members):
                 if member.peer_id == peer and \
                         reducer.sender_states().get(index) is SenderState.WAITING:
-                    reducer.fail(index, reason)
-                    session.excluded.add(index)
-                    session.unheeded.add(index)
-                    self._counters["senders_failed"] += 1
-                    session.finalize()
-                    session.progressed()
+                    self._fail_sender(session, index, reason)
+
+    def _fail_sender(self, session: _Session, sender: int, reason: str) -> None:
+        """Fail a sender of this node's part at once (nothing more of it counts)."""
+        assert session.reducer is not None
+        session.reducer.fail(sender, reason)
+        session.excluded.add(sender)
+        session.unheeded.add(sender)
+        self._counters["senders_failed"] += 1
+        session.finalize()
+        session.progressed()
 
     async def _handle_admitted(self, stream: FramedStream,
-                               opened: tuple[_Session | _Finished, Begin | Have]) -> None:
+                               opened: tuple[_Session | _Finished, Begin | Have | Dispute]
+                               ) -> None:
         """A sender of some group's all-reduce, or a member's ``ar.have``,
         admitted by the node's gate."""
         target, first = opened
         try:
             if isinstance(first, Have):
                 await self._serve_have(stream, target, first)
+            elif isinstance(first, Dispute):
+                await self._serve_dispute(stream, target, first)
             else:
                 assert isinstance(target, _Session)
                 await self._serve(stream, target, first)
@@ -975,7 +1219,13 @@ class AllReduceService:
             raise RejectError("layout_mismatch", "tensor sizes, codecs, chunk size or plan "
                                                  "differ")
         bound = self._weight_bound(session, sender, begin)
-        reducer.begin(sender, begin.weight, begin.want_result, trio.current_time(), bound)
+        try:
+            committed = self._committed(session, sender, begin)
+        except RejectError as exc:   # failed at once, not waited out as silent
+            self._fail_sender(session, sender, f"{exc.code}: {exc.detail}")
+            raise
+        reducer.begin(sender, begin.weight, begin.want_result, trio.current_time(), bound,
+                      committed, begin.commitment or b"")
         if bound is not None and begin.weight > bound:
             self._capped(session, sender, begin.weight, bound)
         session.handlers += 1
@@ -1004,6 +1254,24 @@ class AllReduceService:
             session.handlers -= 1
             if session.handlers == 0:
                 session.handlers_idle.set()
+
+    def _committed(self, session: _Session, sender: int, begin: Begin) -> list[bytes] | None:
+        """The chunk digests ``sender`` committed to, checked against its
+        signature, when this reducer keeps evidence for disputes (verification
+        on, a rule with a check, values that count); None when it keeps none.
+        RejectError ``uncommitted`` for a missing or false commitment."""
+        layout = session.layout
+        if not session.config.verify or not verifiable(layout.aggregator) \
+                or begin.weight <= 0 or not layout.chunks[session.me] \
+                or len(layout.chunks[session.me]) > MAX_COMMITTED_CHUNKS:
+            return None
+        group = session.group
+        if begin.chunks is None or not signed_by(
+                group.members[sender].peer_id,
+                commitment_payload(group.group_id, session.me, sender, begin.chunks),
+                begin.commitment):
+            raise RejectError("uncommitted", "no valid signed commitment to the chunks")
+        return list(begin.chunks)
 
     def _weight_bound(self, session: _Session, sender: int, begin: Begin) -> float | None:
         """The most ``sender``'s weight may count: what its progress reports for
@@ -1121,10 +1389,18 @@ class AllReduceService:
             logger.debug("all-reduce %s: the share cap lowered the weights of members %s",
                          group_id.hex()[:8], sorted(session.reducer.share_capped))
         self._sessions.pop(group_id, None)
-        self._recent[group_id] = _Finished(session.group, session.me, session.layout,
-                                           session.held)
+        self._recent[group_id] = _Finished(
+            session.group, session.me, session.layout, session.held, session.evidence,
+            trio.current_time() + session.config.evidence_seconds)
         while len(self._recent) > MAX_RECENT_GROUPS:
             self._recent.popitem(last=False)
+        kept = 0
+        for key in reversed(list(self._recent)):   # only the newest keep their evidence
+            finished = self._recent[key]
+            if finished.evidence is not None:
+                kept += 1
+                if kept > MAX_EVIDENCE_ROUNDS:
+                    self._recent[key] = dataclasses.replace(finished, evidence=None)
         for scope in list(session.scopes):
             scope.cancel()
         self._sessions_changed.set()
@@ -1219,6 +1495,8 @@ class _Finished:
     me: int
     layout: Layout
     held: frozenset[int] | None
+    evidence: ReducerEvidence | None = None   # what answers disputes, until kept_until
+    kept_until: float = 0.0
 
 
 def _held(session: _Session, receivers: dict[int, PartReceiver]) -> frozenset[int]:

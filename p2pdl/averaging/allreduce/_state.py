@@ -37,6 +37,7 @@ from ...wire import TensorHeader
 from .._aggregators import AUTO, Aggregator
 from .._balancing import part_sizes
 from .._codecs import Codec, CodecPolicy, choose_codec, codec_from_header
+from ._evidence import ReducerEvidence, chunk_digest
 from ._messages import MAX_SEGMENTS, Segment
 from ._verify import ChunkClaim
 
@@ -347,6 +348,9 @@ class _Sender:
     last_activity: float = 0.0
     blocking: bool = True      # the first chunk not yet final waits for it
     reason: str = ""
+    committed: tuple[bytes, ...] | None = None   # its chunk digests (Disputes)
+    commitment: bytes = b""    # its signature over them
+    payloads: list[bytes] = dataclasses.field(default_factory=list)   # kept, if committed
 
 
 class PartReducer:
@@ -432,9 +436,13 @@ class PartReducer:
     # -- events -----------------------------------------------------------
 
     def begin(self, sender: int, weight: float, want_result: bool, now: float,
-              bound: float | None = None) -> None:
+              bound: float | None = None, committed: Sequence[bytes] | None = None,
+              commitment: bytes = b"") -> None:
         """A sender's ``ar.begin``; ``bound``: the most its weight may count
-        (None: no bound).  Raises :class:`RejectError`."""
+        (None: no bound); ``committed``: the digests of the chunks it
+        committed to (the caller checked ``commitment``, its signature over
+        them): each chunk must match its digest, and the payloads are kept
+        (:meth:`evidence`).  Raises :class:`RejectError`."""
         state = self.senders.get(sender)
         if state is None:
             raise RejectError("not_member", f"member {sender} is not a sender of part "
@@ -445,6 +453,11 @@ class PartReducer:
             raise RejectError("duplicate", f"member {sender} already began")
         if not (math.isfinite(weight) and weight >= 0):
             raise RejectError("layout_mismatch", f"weight {weight!r}")
+        if committed is not None and len(committed) != len(self.chunks):
+            raise RejectError("uncommitted", f"{len(committed)} chunk digests for "
+                                             f"{len(self.chunks)} chunks")
+        state.committed = tuple(committed) if committed is not None else None
+        state.commitment = bytes(commitment)
         state.claimed = float(weight)
         state.weight = state.claimed if bound is None else min(state.claimed, float(bound))
         state.want_result = bool(want_result)
@@ -482,6 +495,11 @@ class PartReducer:
                                       f"{len(self.chunks)} chunks of part {self.part}")
         chunk = self.chunks[state.next_chunk]
         codec = chunk.check(header)
+        if state.committed is not None:
+            if chunk_digest(payload) != state.committed[chunk.index]:
+                raise RemoteProtocolError(f"chunk {chunk.index} of sender {sender} is not the "
+                                          f"one it committed to")
+            state.payloads.append(bytes(payload))
         import torch
 
         # A copy of our own: the wire's receive buffer goes back to its pool.
@@ -710,6 +728,16 @@ class PartReducer:
         for payload in self.payloads:
             digest.update(payload)
         return digest.digest()
+
+    def evidence(self, group_id: bytes) -> ReducerEvidence:
+        """What this reducer keeps to answer disputes once its part is
+        complete: the result, its claims and digest, and the committed
+        contributors' chunks (protocols/allreduce.md, Disputes)."""
+        committed = {j: (state.committed, state.commitment, tuple(state.payloads))
+                     for j, state in self.senders.items()
+                     if state.committed is not None and state.payloads}
+        return ReducerEvidence(self.layout, group_id, self.part, self.result(), self.claims,
+                               self.digest(), committed)
 
     def sender_states(self) -> dict[int, SenderState]:
         return {s.index: s.state for s in self.senders.values()}

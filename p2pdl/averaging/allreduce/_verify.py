@@ -79,7 +79,8 @@ Layout = Any
 ChunkSpec = Any
 
 __all__ = ["SKETCH_BUCKETS", "NORM_SLACK", "NONCE_SIZE", "TAU_SLACK", "RESIDUAL_SLACK",
-           "ChunkClaim", "Report", "Verdict", "sketch_plan", "SketchPlanner", "verifiable",
+           "REPORT_TOLERANCE", "ChunkClaim", "Report", "Verdict", "sketch_plan", "SketchPlanner",
+           "verifiable", "deviates",
            "contributor_terms", "sketch", "contributor_report", "sketch_bound", "tolerance",
            "check_part", "RoundVerifier"]
 
@@ -105,6 +106,11 @@ RESIDUAL_SLACK = 1e-2
 #: float32 sums: each value of a result may be off by this many units in the
 #: last place of float32 per contributor (besides the codec's rounding).
 FLOAT32_ULPS = 2.0
+#: A signed report differs from the one recomputed from committed data when
+#: its sketch is further from it than this times the sketch's bound (or,
+#: under the mean, than this times the larger of the two norms), or one of
+#: its distances further than this times the larger distance.
+REPORT_TOLERANCE = 1e-6
 _FLOAT32_EPSILON = 2.0 ** -23
 _DOMAIN = b"p2pdl/allreduce/verify/2"
 
@@ -206,6 +212,25 @@ class SketchPlanner:
         raw = torch.frombuffer(self._stream, dtype=torch.uint8, count=2 * numel)
         slots.copy_(raw[1::2] & 1).mul_(SKETCH_BUCKETS)
         return slots.add_(raw[0::2])
+
+
+def deviates(claimed: Report, true: Report, bound: float | None) -> bool:
+    """Whether a signed report ``claimed`` differs from ``true``, recomputed
+    from the contributor's committed data, beyond rounding
+    (REPORT_TOLERANCE)."""
+    if len(claimed.sketch) != len(true.sketch) or len(claimed.distances) != len(true.distances):
+        return True
+    if not all(math.isfinite(v) for v in claimed.sketch + claimed.distances):
+        return True
+    off = math.sqrt(math.fsum((a - b) ** 2 for a, b in zip(claimed.sketch, true.sketch,
+                                                            strict=True)))
+    scale = bound if bound is not None else max(
+        math.sqrt(math.fsum(v * v for v in claimed.sketch)),
+        math.sqrt(math.fsum(v * v for v in true.sketch)))
+    if off > REPORT_TOLERANCE * scale + 1e-30:
+        return True
+    return any(abs(a - b) > REPORT_TOLERANCE * max(a, b) + 1e-30
+               for a, b in zip(claimed.distances, true.distances, strict=True))
 
 
 def verifiable(aggregator: Aggregator) -> bool:
@@ -483,6 +508,9 @@ class RoundVerifier:
         #: part -> contributor -> its report (None: its digest differed from ours,
         #: or the report was malformed)
         self.heard: dict[int, dict[int, Report | None]] = {}
+        #: (part, contributor) -> the signed report as it came (the caller's wire
+        #: form), for a dispute
+        self.signed: dict[tuple[int, int], Any] = {}
 
     @property
     def checked_parts(self) -> list[int]:
@@ -533,12 +561,45 @@ class RoundVerifier:
     def verdicts(self) -> dict[int, Verdict]:
         """A verdict on every part this member checks, from what it heard and its
         own report (it contributed to the part, or not)."""
-        out = {}
-        for r in self.checked_parts:
-            claims = self.claims[r]
-            assert claims is not None
-            reports = dict(self.heard.get(r, {}))
-            if any(self.me in c.contributors for c in claims):
-                reports[self.me] = self._report(r, self.nonce)
-            out[r] = check_part(self.layout, r, self.results[r], claims, reports)
-        return out
+        return {r: check_part(self.layout, r, self.results[r], self.part_claims(r),
+                              self._reports(r)) for r in self.checked_parts}
+
+    def part_claims(self, part: int) -> Sequence[ChunkClaim]:
+        """The reducer's claims of a part this member checks."""
+        claims = self.claims[part]
+        assert claims is not None
+        return claims
+
+    def _reports(self, part: int) -> dict[int, Report | None]:
+        """The reports on ``part`` as heard, with this member's own."""
+        reports = dict(self.heard.get(part, {}))
+        if any(self.me in c.contributors for c in self.part_claims(part)):
+            reports[self.me] = self._report(part, self.nonce)
+        return reports
+
+    def plan(self, part: int) -> torch.Tensor:
+        """This member's sketch plan of ``part`` (a fresh tensor)."""
+        return sketch_plan(self.group_id, part, self.nonce, self.results[part].numel())
+
+    def reconsider(self, part: int, shown: Mapping[int, torch.Tensor]
+                   ) -> tuple[frozenset[int], Verdict]:
+        """The verdict on ``part`` once its reducer showed the committed values
+        (``shown``: contributor -> its values as the reducer decoded them,
+        checked against its signed digests) of the contributors whose
+        reports it disputes: each one's report is recomputed from them, and
+        those whose report as heard differs are proven liars (returned)."""
+        claims = self.part_claims(part)
+        reports = self._reports(part)
+        plan = self.plan(part)
+        liars = set()
+        for j, values in sorted(shown.items()):
+            if j == self.me or not any(j in c.contributors for c in claims):
+                continue
+            true = contributor_report(self.layout, part, values, self.results[part], claims,
+                                      j, plan)
+            heard = reports.get(j)
+            if heard is not None and deviates(heard, true, sketch_bound(claims, j)):
+                liars.add(j)
+            reports[j] = true
+        return frozenset(liars), check_part(self.layout, part, self.results[part], claims,
+                                            reports)

@@ -14,6 +14,7 @@ MAX_CHUNK_VALUES = 2**20        # values per TENSOR frame of the all-reduce (4 M
 MIN_CHUNK_VALUES = 2**10
 MAX_AVERAGING_TIMEOUT = 3600.0  # seconds one all_reduce call may take, at most
 MAX_CHUNKS_AHEAD = 64           # chunks a reducer may hold per sender, at most
+MAX_EVIDENCE_ROUNDS = 2         # finished rounds whose committed chunks a reducer keeps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +116,22 @@ class AllReduceConfig:
             flagged ``reducer_check_failed``.  Meaningful under CenteredClip,
             where what a lying contributor can cover is bounded; under the
             mean a check fails only when every contributor reports.  Each
-            member sends each other member a report of about 1 KiB per part
-            it contributed to.  Default True.
+            member sends each other member a signed report of about 1 KiB
+            per part it contributed to.  A member whose check fails disputes
+            the part with its reducer, which shows the committed chunks of
+            the contributors whose reports it disputes: a contributor proven
+            to have lied is flagged ``report_lie`` and the part judged again
+            with its true report; a reducer that shows nothing that clears
+            its part is flagged ``reducer_lie`` (both ban at once).  A
+            reducer that does not answer is flagged
+            ``reducer_check_failed``.  A verifying reducer keeps its
+            contributors' chunks as they arrived (one more copy of its part
+            per contributor, in the codec's form) for ``evidence_seconds``
+            after its round, and refuses senders without a valid signed
+            commitment.  Default True.
+        evidence_seconds: how long a reducer keeps its contributors'
+            committed chunks after its round to answer disputes; only the
+            last MAX_EVIDENCE_ROUNDS rounds keep them.  Default 60 (> 0).
         max_chunks_ahead: a reducer reads a sender's chunks at most this
             many ahead of the first chunk still waiting for some sender, and
             holds them (decoded, float32) until that chunk can be averaged
@@ -143,6 +158,7 @@ class AllReduceConfig:
         default_factory=lambda: Aggregator("centered_clip", tau=AUTO))
     outlier_factor: float | None = 10.0
     verify: bool = True
+    evidence_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         def check(ok: bool, what: str) -> None:
@@ -154,7 +170,7 @@ class AllReduceConfig:
         check(is_int(self.chunk_values)
               and MIN_CHUNK_VALUES <= self.chunk_values <= MAX_CHUNK_VALUES,
               f"chunk_values must be an integer in {MIN_CHUNK_VALUES}..{MAX_CHUNK_VALUES}")
-        for name in ("sender_timeout", "reducer_timeout", "join_wait"):
+        for name in ("sender_timeout", "reducer_timeout", "join_wait", "evidence_seconds"):
             check(is_number(getattr(self, name)) and getattr(self, name) > 0,
                   f"{name} must be a positive number of seconds")
         check(is_number(self.averaging_timeout)

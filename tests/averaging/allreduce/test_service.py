@@ -24,6 +24,7 @@ from p2pdl.averaging import (
     get_codec,
     part_sizes,
 )
+from p2pdl.averaging.allreduce._evidence import chunk_digest, commitment_payload
 from p2pdl.averaging.allreduce._messages import Begin
 from p2pdl.averaging.allreduce._state import default_fractions
 from p2pdl.errors import ConfigError
@@ -207,13 +208,18 @@ async def misbehave(node, group, peers, how, *, weight=1.0):
             async def one(r=r, member=member):
                 async with node.open_stream(member.peer_id, ALLREDUCE_PROTOCOL_ID) as stream:
                     layout = peers[r]
-                    await stream.send_message(Begin(group.group_id, me, r, layout.digest,
-                                                    weight))
                     chunk = layout.chunks[r][0]
                     good = torch.ones(chunk.count)
+                    bad = good.clone()
+                    bad[chunk.count // 2] = float("nan")
+                    # a commitment to what it sends, so that what is refused is the values
+                    digests = [chunk_digest(bad.numpy().tobytes())] * len(layout.chunks[r])
+                    signature = node.host.libp2p.get_private_key().sign(
+                        commitment_payload(group.group_id, r, me, digests))
+                    await stream.send_message(Begin(group.group_id, me, r, layout.digest,
+                                                    weight, chunks=digests,
+                                                    commitment=signature))
                     if how == "nan":
-                        bad = good.clone()
-                        bad[chunk.count // 2] = float("nan")
                         await stream.send_tensor_chunk(chunk.header(), bad.numpy().tobytes())
                     elif how == "malformed":
                         header = TensorHeader(chunk.part, "float32", (chunk.part_numel,),

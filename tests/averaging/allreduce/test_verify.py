@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 
 import pytest
 import torch
@@ -295,7 +296,10 @@ async def test_a_lying_reducer_is_caught_by_every_member_and_its_part_dropped(mo
                     assert result.parts[r].check == "ok", result.parts[r]
             stats = nodes[me].averaging.statistics()
             assert stats["parts_check_failed"] == 1 and stats["parts_checked"] == 3
-            assert nodes[me].flags.count(nodes[3].peer_id, "reducer_check_failed") == 1
+            # it disputed the part; the reducer's evidence did not clear it: banned
+            assert stats["disputes_opened"] == 1 and stats["disputes_cleared"] == 0
+            assert nodes[me].flags.count(nodes[3].peer_id, "reducer_lie") == 1
+            assert nodes[me].flags.is_banned(nodes[3].peer_id, "run", time.time())
             for other in range(3):
                 assert nodes[me].flags.count(nodes[other].peer_id) == 0
         # every honest member dropped the part alike: each keeps its own values there,

@@ -1,0 +1,176 @@
+"""What settles a dispute over a reducer's result, sans-IO.
+
+Verification (``_verify``) finds that a part's result and its contributors'
+reports do not agree, but not who lied: the reducer, or a contributor whose
+report was false (to frame an honest reducer).  This module holds what
+tells them apart (protocols/allreduce.md, Disputes):
+
+* **commitments**: a sender signs the SHA-256 of every chunk payload it will
+  send a reducer (:func:`commitment_payload`) and sends them in its
+  ``ar.begin``; the reducer refuses a chunk that differs from its digest and
+  keeps what it received (:class:`ReducerEvidence`), so it can show later,
+  to anyone, exactly what each contributor sent, under the contributor's
+  own signature;
+* **signed reports**: a contributor signs each report it sends
+  (:func:`report_payload`);
+* **the answer to a dispute**: the reducer recomputes, from the committed
+  chunks, the report each contributor should have sent for the disputing
+  verifier's nonce and shows the chunks of every contributor whose report
+  differs from that, or that the verifier lacks
+  (:meth:`ReducerEvidence.disputed`).  The verifier checks the chunks
+  against the signed digests, recomputes those reports itself and checks
+  the part again with them (``RoundVerifier.reconsider``): a signed report
+  that differs from its signer's own committed data proves that
+  contributor a liar; a part that still fails proves the reducer one (its
+  result is not its rule's aggregate of what it received, every input now
+  being the contributors' own data or their unrefuted signed word).
+
+The rounding of an honest report is far below ``REPORT_TOLERANCE``, and
+a lie within it moves a sketch by a millionth of its bound: nothing that
+turns a check.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+
+from ._verify import (
+    SKETCH_BUCKETS,
+    ChunkClaim,
+    Report,
+    contributor_report,
+    deviates,
+    sketch_bound,
+)
+
+if TYPE_CHECKING:
+    import torch
+
+#: The all-reduce's ``Layout`` (``_state``, which imports this module).
+Layout = Any
+
+__all__ = ["CHUNK_DIGEST_SIZE", "SIGNATURE_SIZE", "MAX_COMMITTED_CHUNKS", "chunk_digest",
+           "commitment_payload", "report_payload", "signed_by", "pack_sketch", "unpack_report",
+           "decode_chunks", "ReducerEvidence"]
+
+#: Bytes of a chunk digest (SHA-256 of its payload).
+CHUNK_DIGEST_SIZE = 32
+#: Bytes of a signature (Ed25519, the identity keys' type).
+SIGNATURE_SIZE = 64
+#: Most chunks one commitment covers (its digests must fit one message); a
+#: part of more chunks is sent uncommitted and is not verified.
+MAX_COMMITTED_CHUNKS = 16384
+_COMMIT_DOMAIN = "p2pdl/allreduce/commit/1"
+_REPORT_DOMAIN = "p2pdl/allreduce/report/1"
+
+
+def chunk_digest(payload: bytes | bytearray | memoryview) -> bytes:
+    """The SHA-256 of one chunk's payload, as it travels."""
+    return hashlib.sha256(payload).digest()
+
+
+def commitment_payload(group_id: bytes, part: int, sender: int, chunks: Sequence[bytes]
+                       ) -> bytes:
+    """What a sender signs to commit to its chunks of ``part``."""
+    return msgpack.packb([_COMMIT_DOMAIN, group_id, part, sender, list(chunks)],
+                         use_bin_type=True)
+
+
+def report_payload(group_id: bytes, part: int, contributor: int, nonce: bytes, digest: bytes,
+                   sketch: bytes, distances: Sequence[float]) -> bytes:
+    """What a contributor signs with a report: the verifier's nonce, the
+    digest of the result it holds, its sketch as sent and its distances."""
+    return msgpack.packb([_REPORT_DOMAIN, group_id, part, contributor, nonce, digest, sketch,
+                          [float(d) for d in distances]], use_bin_type=True)
+
+
+def signed_by(peer: Any, payload: bytes, signature: bytes | None) -> bool:
+    """Whether ``signature`` over ``payload`` verifies under the key in
+    ``peer`` (a libp2p peer id)."""
+    if not signature:
+        return False
+    try:
+        key = peer.extract_public_key()
+        return key is not None and bool(key.verify(payload, signature))
+    except Exception:   # untrusted bytes: any failure means "not signed by it"
+        return False
+
+
+def pack_sketch(sketch: Sequence[float]) -> bytes:
+    """A sketch as it travels: SKETCH_BUCKETS float32, little-endian."""
+    return struct.pack(f"<{SKETCH_BUCKETS}f", *sketch)
+
+
+def unpack_report(sketch: bytes, distances: Sequence[float]) -> Report | None:
+    """A report from its wire form (None: the sketch has the wrong size)."""
+    if len(sketch) != 4 * SKETCH_BUCKETS:
+        return None
+    return Report(struct.unpack(f"<{SKETCH_BUCKETS}f", sketch), tuple(distances))
+
+
+def decode_chunks(layout: Layout, part: int, payloads: Sequence[bytes | memoryview]
+                  ) -> torch.Tensor:
+    """A sender's values of ``part`` as a reducer decodes its chunk payloads
+    (the first ``len(payloads)`` chunks; zeros after them, where the sender
+    delivered nothing and so contributed nothing)."""
+    import torch
+
+    out = torch.zeros(layout.part_numel(part), dtype=torch.float32)
+    for chunk, payload in zip(layout.chunks[part], payloads, strict=False):
+        lo = chunk.start - chunk.part_start
+        chunk.codec.decode(payload, chunk.count, out=out[lo:lo + chunk.count])
+    return out
+
+
+class ReducerEvidence:
+    """What a reducer keeps of its part after the round, to answer disputes:
+    the result as it sent it, its claims, its result digest, and each
+    committed contributor's chunk digests, signature and payloads."""
+
+    def __init__(self, layout: Layout, group_id: bytes, part: int, result: torch.Tensor,
+                 claims: Sequence[ChunkClaim], digest: bytes,
+                 committed: Mapping[int, tuple[Sequence[bytes], bytes, Sequence[bytes]]]
+                 ) -> None:
+        self.layout = layout
+        self.group_id = group_id
+        self.part = part
+        self.result = result
+        self.claims = tuple(claims)
+        self.digest = digest
+        #: contributor -> (chunk digests, commitment signature, payloads)
+        self.committed = dict(committed)
+        #: the verifiers whose dispute was answered (one each)
+        self.answered: set[int] = set()
+
+    @property
+    def nbytes(self) -> int:
+        """The payload bytes kept."""
+        return sum(len(p) for _, _, payloads in self.committed.values() for p in payloads)
+
+    def true_report(self, contributor: int, plan: torch.Tensor) -> Report:
+        """What ``contributor`` should report for ``plan``, from its committed chunks."""
+        payloads = self.committed[contributor][2]
+        values = decode_chunks(self.layout, self.part, payloads)
+        return contributor_report(self.layout, self.part, values, self.result, self.claims,
+                                  contributor, plan)
+
+    def disputed(self, verifier: int, plan: torch.Tensor,
+                 reports: Mapping[int, Report | None]) -> list[int]:
+        """The contributors to show a verifier whose ``plan`` (from its nonce)
+        and ``reports`` (as it heard them; None or absent: none, or a lie on
+        its face) are given: every committed contributor but the verifier
+        whose report is missing or differs from its committed data."""
+        out = []
+        for j in sorted(self.committed):
+            if j == verifier or not any(j in c.contributors for c in self.claims):
+                continue
+            heard = reports.get(j)
+            if heard is None or deviates(heard, self.true_report(j, plan),
+                                         sketch_bound(self.claims, j)):
+                out.append(j)
+        return out
