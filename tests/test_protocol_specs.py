@@ -28,7 +28,6 @@ from p2pdl.averaging import (
     MatchmakingConfig,
 )
 from p2pdl.averaging.allreduce import _messages as ar_messages
-from p2pdl.averaging.allreduce import _service as ar_service
 from p2pdl.averaging.allreduce import _state as ar_state
 from p2pdl.averaging.allreduce import config as ar_config
 from p2pdl.averaging.matchmaking import _messages as mm_messages
@@ -368,8 +367,9 @@ def test_allreduce_definitions_match_the_code():
         assert number(rows[name]) == getattr(ar_evidence, name), name
     assert number(rows["REPORT_TOLERANCE"]) == ar_verify.REPORT_TOLERANCE
     assert number(rows["MAX_EVIDENCE_ROUNDS"]) == ar_config.MAX_EVIDENCE_ROUNDS
+    from p2pdl.averaging.allreduce import _session as ar_session
     for name in ("DONE_LINGER", "MAX_RECENT_GROUPS", "LIVENESS_POLL", "HAVE_GRACE"):
-        assert number(rows[name]) == getattr(ar_service, name), name
+        assert number(rows[name]) == getattr(ar_session, name), name
     defaults = AllReduceConfig()
     for field in dataclasses.fields(AllReduceConfig):
         if field.name == "codecs":

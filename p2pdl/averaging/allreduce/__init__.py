@@ -20,7 +20,11 @@ Modules:
 * ``_service`` -- :class:`AllReduceService`: the streams of a butterfly
   all-reduce, sending, reducing and receiving at once; each sender's weight
   bounded by what its progress reports support (``weight_evidence``), the
-  one it attaches to its ``ar.begin`` (``own_report``) included.
+  one it attaches to its ``ar.begin`` (``own_report``) included.  Its
+  sides, each a part of the class: ``_sending`` (the sender's streams and
+  commitments), ``_reducing`` (a reducer's streams), ``_exchange`` (the
+  post-round exchange) and ``_disputes`` (verification and disputes); and
+  ``_session``, what one call is while it runs, its statistics and flags.
 """
 
 from ._messages import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID

@@ -20,7 +20,13 @@ from p2pdl.averaging.allreduce._evidence import (
     signed_by,
     unpack_report,
 )
-from p2pdl.averaging.allreduce._messages import ALLREDUCE_PROTOCOL_ID, Begin, Reject
+from p2pdl.averaging.allreduce._messages import (
+    ALLREDUCE_PROTOCOL_ID,
+    REDUCER_MESSAGES,
+    Begin,
+    Reject,
+)
+from p2pdl.averaging.allreduce._state import RejectError
 from p2pdl.averaging.allreduce._verify import REPORT_TOLERANCE, SKETCH_BUCKETS, Report, deviates
 from p2pdl.errors import RemoteProtocolError
 from p2pdl.testing import open_memory_nodes
@@ -128,7 +134,7 @@ async def test_a_reducer_that_does_not_answer_a_dispute_is_flagged_not_banned(mo
     lying_reducer(monkeypatch, 3, 10.0)
 
     async def refuse(self, stream, target, dispute):
-        raise _service.RejectError("no_evidence", "kept nothing")
+        raise RejectError("no_evidence", "kept nothing")
 
     monkeypatch.setattr(_service.AllReduceService, "_serve_dispute", refuse)
     async with open_memory_nodes(4) as nodes:
@@ -179,7 +185,7 @@ async def test_an_uncommitted_sender_is_refused_at_once():
         async def rogue():
             async with nodes[1].open_stream(nodes[0].peer_id, ALLREDUCE_PROTOCOL_ID) as stream:
                 await stream.send_message(Begin(group.group_id, 1, 0, layout.digest, 1.0))
-                item = await stream.receive(_service.REDUCER_MESSAGES)
+                item = await stream.receive(REDUCER_MESSAGES)
                 replies.append(item[1] if isinstance(item, tuple) else item)
 
         start = trio.current_time()

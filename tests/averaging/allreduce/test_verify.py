@@ -391,6 +391,7 @@ async def test_a_malformed_check_resets_the_exchange_and_changes_nothing(monkeyp
     the reports are not heard (unknown within their bound), the round ends."""
     from p2pdl.averaging import AllReduceConfig
     from p2pdl.averaging.allreduce import _service
+    from p2pdl.averaging.allreduce._messages import Check
     from p2pdl.testing import open_memory_nodes
 
     from .test_service import connect_all
@@ -400,7 +401,7 @@ async def test_a_malformed_check_resets_the_exchange_and_changes_nothing(monkeyp
     def check(self, session, j, have):
         message = honest_check(self, session, j, have)
         if session.me == 1 and message.reports:
-            return _service.Check(message.group_id, message.sender,
+            return Check(message.group_id, message.sender,
                                   [message.reports[0], message.reports[0]])
         return message
 

@@ -1,0 +1,272 @@
+"""The post-round exchange of the all-reduce service (``_service``):
+``ar.have`` both ways, and ``ar.check`` (the signed reports) when both
+members verify.
+
+:class:`_ExchangeSide` is a part of :class:`AllReduceService`, which holds
+the state its methods use.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+
+from ...errors import (
+    P2PDLError,
+    RemoteProtocolError,
+    StreamClosedError,
+)
+from ...wire import FramedStream, TensorChunk, encode_message, open_framed_stream
+from ._evidence import (
+    pack_sketch,
+    report_payload,
+    signed_by,
+    unpack_report,
+)
+from ._messages import (
+    ALLREDUCE_PROTOCOL_ID,
+    CHECK_MESSAGES,
+    HAVE_MESSAGES,
+    Check,
+    Have,
+    PartCheck,
+    Reject,
+)
+from ._session import (
+    DONE_LINGER,
+    HAVE_GRACE,
+    LIVENESS_POLL,
+    _Finished,
+    _receive_message,
+    _Rejected,
+    _Session,
+)
+from ._state import (
+    RejectError,
+    Settlement,
+    check_have_parts,
+    exchange_roles,
+    settle_parts,
+)
+from ._verify import Report
+
+__all__ = ["_ExchangeSide"]
+
+logger = logging.getLogger(__name__)
+
+
+class _ExchangeSide:
+    """The post-round exchange of :class:`AllReduceService`."""
+
+    async def _exchange_haves(self, session: _Session) -> None:
+        """Tell the other members which parts this one completed and hear theirs.
+
+        Dials the members this one dials (``exchange_roles``) and waits for the
+        others' streams, for at most ``reducer_timeout + HAVE_GRACE`` (a member
+        that lacks a part may wait that long for a silent reducer before it
+        settles); a member is not waited for once its stream failed, its
+        connection closed, or this node's reducer excluded it as silent or
+        broken."""
+        dial, answer = exchange_roles(session.group, session.me)
+        if not dial and not answer:
+            return
+        members = session.group.members
+        failed: set[int] = set()
+        with trio.move_on_after(session.config.reducer_timeout + HAVE_GRACE):
+            async with trio.open_nursery() as nursery:
+
+                async def dial_have(j: int) -> None:
+                    if not await self._dial_have(session, j):
+                        failed.add(j)
+                        session.progressed()
+
+                for j in dial:
+                    nursery.start_soon(dial_have, j)
+                waiting = set(dial) | set(answer)
+                while True:
+                    waiting -= session.exchanged | failed | session.unheeded
+                    waiting = {j for j in waiting
+                               if self._host.is_connected(members[j].peer_id)}
+                    if not waiting:
+                        break
+                    with trio.move_on_after(LIVENESS_POLL):
+                        await session.wait_progress()
+                nursery.cancel_scope.cancel()
+
+    async def _dial_have(self, session: _Session, j: int) -> bool:
+        """Send our ``ar.have`` to member ``j``; take its reply as heard (True)."""
+        assert session.held is not None
+        group = session.group
+        peer = group.members[j].peer_id
+        try:
+            remaining = max(0.1, session.deadline + HAVE_GRACE - trio.current_time())
+            net_stream = await self._host.new_stream(peer, ALLREDUCE_PROTOCOL_ID,
+                                                     timeout=remaining)
+            async with open_framed_stream(net_stream, self._wire) as stream:
+                try:
+                    mine = self._have(session)
+                    await stream.send_message(mine)
+                    item = await stream.receive(HAVE_MESSAGES)
+                    if item is None:
+                        raise StreamClosedError("the member ended the stream before its "
+                                                "ar.have")
+                    if isinstance(item, TensorChunk):
+                        raise RemoteProtocolError("the reply to ar.have must be ar.have")
+                    _, reply = item
+                    if isinstance(reply, Reject):
+                        raise _Rejected(f"refused: {reply.code}")
+                    assert isinstance(reply, Have)
+                    if reply.group_id != group.group_id or reply.sender != j:
+                        raise RemoteProtocolError("the reply to ar.have is for another "
+                                                  "group or member")
+                    self._heard(session, j, check_have_parts(reply.parts, session.layout))
+                    if mine.nonce and reply.nonce:   # both verify: reports both ways
+                        await stream.send_message(self._check(session, j, reply))
+                        self._hear_check(session, j, await self._receive_check(stream, j))
+                    self._exchanged(session, j)
+                    return True
+                except RemoteProtocolError:
+                    self._counters["protocol_errors"] += 1
+                    await stream.reset()
+                    raise
+        except P2PDLError as exc:
+            logger.debug("all-reduce %s: no ar.have from member %d (%s): %s",
+                         group.group_id.hex()[:8], j, peer, exc)
+            return False
+
+    def _settle(self, session: _Session) -> Settlement:
+        """Apply the exchange's rule to what this member heard (settle_parts)."""
+        assert session.held is not None
+        group = session.group
+        gone = frozenset(j for j, m in enumerate(group.members)
+                         if j != session.me and not self._host.is_connected(m.peer_id))
+        settlement = settle_parts(session.held, session.heard, gone, session.me)
+        for name, parts in (("parts_dropped", settlement.dropped),
+                            ("parts_disputed", settlement.disputed)):
+            self._counters[name] += len(parts)
+        for part, lacking in settlement.dropped.items():
+            logger.info("all-reduce %s: part %d dropped: member(s) %s did not complete it "
+                        "and its reducer is gone", group.group_id.hex()[:8], part,
+                        list(lacking))
+        for part, lacking in settlement.disputed.items():
+            logger.info("all-reduce %s: part %d disputed: member(s) %s did not complete it "
+                        "(its reducer is still connected)", group.group_id.hex()[:8], part,
+                        list(lacking))
+        return settlement
+
+    def _heard(self, session: _Session, j: int, parts: frozenset[int]) -> None:
+        session.heard[j] = parts
+        self._counters["haves_heard"] += 1
+        session.progressed()
+
+    async def _serve_have(self, stream: FramedStream, target: _Session | _Finished,
+                          have: Have) -> None:
+        """A member's ``ar.have``: record it (while this round still runs) and
+        answer with ours once our own round has settled."""
+        group, me = target.group, target.me
+        j = have.sender
+        if j >= len(group) or group.members[j].peer_id != stream.peer_id:
+            raise RejectError("not_member", f"the stream's peer is not member {j}")
+        if j not in exchange_roles(group, me)[1]:
+            raise RejectError("not_exchanging", f"member {j} does not dial member {me}")
+        parts = check_have_parts(have.parts, target.layout)
+        if isinstance(target, _Finished):
+            if target.held is None:
+                raise RejectError("finished", "this member's round ended unsettled")
+            held = target.held
+        else:
+            session = target
+            if j in session.have_streams:
+                raise RejectError("duplicate", f"member {j} already sent its ar.have")
+            session.have_streams.add(j)
+            self._heard(session, j, parts)
+            with trio.CancelScope() as scope:
+                session.scopes.add(scope)
+                try:
+                    await session.settled.wait()
+                finally:
+                    session.scopes.discard(scope)
+            if session.held is None:   # the round was cancelled before it settled
+                return
+            with trio.move_on_at(session.deadline + HAVE_GRACE) as scope:
+                session.scopes.add(scope)
+                try:
+                    mine = self._have(session)
+                    await stream.send_message(mine)
+                    if mine.nonce and have.nonce:   # both verify: reports, the dialer's first
+                        self._hear_check(session, j, await self._receive_check(stream, j))
+                        await stream.send_message(self._check(session, j, have))
+                finally:
+                    session.scopes.discard(scope)
+                    self._exchanged(session, j)   # through, or given up: not waited for
+            with trio.move_on_after(DONE_LINGER):
+                await stream.wait_peer_done()
+            return
+        await stream.send_message(Have(group.group_id, me, sorted(held)))
+        with trio.move_on_after(DONE_LINGER):
+            await stream.wait_peer_done()
+
+    def _have(self, session: _Session) -> Have:
+        """This member's ``ar.have``: the parts it completed, and, when it
+        verifies, their digests and its nonce."""
+        assert session.held is not None
+        parts = sorted(session.held)
+        verifier = session.verifier
+        if verifier is None:
+            return Have(session.group.group_id, session.me, parts)
+        digests = [verifier.digests[r] for r in parts]
+        self._counters["verification_bytes_sent"] += len(verifier.nonce) + sum(map(len, digests))
+        return Have(session.group.group_id, session.me, parts, digests, verifier.nonce)
+
+    def _check(self, session: _Session, j: int, have: Have) -> Check:
+        """This member's ``ar.check`` for member ``j``'s nonce."""
+        verifier = session.verifier
+        assert verifier is not None
+        if have.digests is None or len(have.digests) != len(have.parts):
+            raise RemoteProtocolError("an ar.have with a nonce must name one digest per part")
+        reports = verifier.reports_for(j, have.nonce, have.parts, have.digests)
+        group_id = session.group.group_id
+        checks = []
+        for r, digest, report in reports:
+            sketch = pack_sketch(report.sketch)
+            signature = self._key.sign(report_payload(group_id, r, session.me, have.nonce,
+                                                      digest, sketch, report.distances))
+            checks.append(PartCheck(r, digest, sketch, list(report.distances), signature))
+        check = Check(group_id, session.me, checks)
+        self._counters["verification_bytes_sent"] += len(encode_message(check))
+        return check
+
+    async def _receive_check(self, stream: FramedStream, j: int) -> Check:
+        check = await _receive_message(stream, CHECK_MESSAGES, "ar.check", "member")
+        assert isinstance(check, Check)
+        if check.sender != j:
+            raise RemoteProtocolError("the ar.check is from another member")
+        return check
+
+    def _hear_check(self, session: _Session, j: int, check: Check) -> None:
+        """Member ``j``'s reports for this member's nonce."""
+        verifier = session.verifier
+        if verifier is None or check.group_id != session.group.group_id:
+            raise RemoteProtocolError("an ar.check for another group")
+        reports: list[tuple[int, bytes, Report | None]] = []
+        seen = set()
+        for part in check.reports:
+            if part.part in seen or part.part >= len(session.group):
+                raise RemoteProtocolError("an ar.check names a part twice, or no member's")
+            seen.add(part.part)
+            report = unpack_report(part.sketch, part.distances)
+            if report is not None and not signed_by(
+                    session.group.members[j].peer_id,
+                    report_payload(session.group.group_id, part.part, j, verifier.nonce,
+                                   part.digest, part.sketch, part.distances),
+                    part.signature):
+                report = None   # unsigned (or falsely signed): no evidence, as none
+            reports.append((part.part, part.digest, report))
+            if report is not None:
+                verifier.signed[part.part, j] = part
+        verifier.hear_reports(j, reports)
+
+    def _exchanged(self, session: _Session, j: int) -> None:
+        session.exchanged.add(j)
+        session.progressed()
