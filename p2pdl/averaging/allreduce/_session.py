@@ -7,7 +7,6 @@ restore tensors; shared by the service and its sides (``_service``).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -43,8 +42,6 @@ __all__ = ["WEIGHT_FLAG", "OUTLIER_FLAG", "CHECK_FLAG", "REPORT_FLAG", "LIE_FLAG
            "AllReduceStatistics", "COUNTERS", "_Session", "_NOT_CHECKED", "_Rejected",
            "_Finished", "_held", "_describe", "_predicted", "_check_tensors", "_flatten",
            "_check_finite", "_receive_message", "_restore", "_unflatten"]
-
-logger = logging.getLogger(__name__)
 
 #: The FlagBook kind of a sender whose weight exceeded what its reports support.
 WEIGHT_FLAG = "weight_beyond_evidence"
