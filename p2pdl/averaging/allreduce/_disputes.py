@@ -276,13 +276,18 @@ class _DisputeSide:
         plan = sketch_plan(group.group_id, me, dispute.nonce, evidence.result.numel())
         shown = evidence.disputed(j, plan, reports)
         self._counters["disputes_answered"] += 1
-        await stream.send_message(Proof([
-            Shown(c, len(evidence.committed[c][2]), list(evidence.committed[c][0]),
-                  evidence.committed[c][1]) for c in shown]))
-        chunks = target.layout.chunks[me]
-        for c in shown:
-            for k, payload in enumerate(evidence.committed[c][2]):
-                await stream.send_tensor_chunk(chunks[k].header(), payload)
+        # A verifier that stops reading holds this answer up for reducer_timeout at most.
+        with trio.move_on_after(self._config.reducer_timeout) as scope:
+            await stream.send_message(Proof([
+                Shown(c, len(evidence.committed[c][2]), list(evidence.committed[c][0]),
+                      evidence.committed[c][1]) for c in shown]))
+            chunks = target.layout.chunks[me]
+            for c in shown:
+                for k, payload in enumerate(evidence.committed[c][2]):
+                    await stream.send_tensor_chunk(chunks[k].header(), payload)
+        if scope.cancelled_caught:
+            await stream.reset()
+            return
         logger.info("all-reduce %s: member %d disputed this reducer's part; showed the "
                     "committed chunks of member(s) %s", group.group_id.hex()[:8], j, shown)
         with trio.move_on_after(DONE_LINGER):
