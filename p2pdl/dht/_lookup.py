@@ -152,6 +152,11 @@ class Lookup:
             candidate.state = _State.FAILED
             self._failures += 1
 
+    @property
+    def asked(self) -> list[Hashable]:
+        """The peers this lookup has sent a query to."""
+        return [peer for peer, c in self._candidates.items() if c.state is not _State.NEW]
+
     def closest(self) -> list[Contact]:
         """The nearest peers that answered, nearest first (at most k)."""
         return [c.contact for c in self._nearest() if c.state is _State.ANSWERED]

@@ -168,6 +168,8 @@ class DHTService:
         host = context.host
         self._host = host
         self._call = context.call
+        self._members = context.members
+        self._introduce = context.introduce
         self._config = config = config or DHTConfig()
         self._reachability = reachability
         self._clock = context.clock if clock is None else clock
@@ -303,11 +305,17 @@ class DHTService:
         for item in self._store.get(key, now):
             record.offer(item)
         if not (record and not latest):
+            target = key_of(key.encode())
+            run_id = self.run_of_key(key)
             with trio.move_on_after(self._config.operation_timeout):
-                lookup = await self._lookup(key_of(key.encode()), find_value=key,
-                                            stop_at_value=not latest, into=record)
+                lookup = await self._lookup(target, find_value=key, stop_at_value=not latest,
+                                            into=record, run_id=run_id)
+                found = bool(lookup.values)
+                if run_id is not None and (latest or not found):
+                    found = await self._ask_members(key, target, run_id, lookup, record) \
+                        or found
                 self._counters["gets"] += 1
-                if not lookup.values and not record:
+                if not found and not record:
                     self._counters["gets_not_found"] += 1
         return self._result(key, record)
 
@@ -380,10 +388,14 @@ class DHTService:
     async def _store_items(self, key: str, items: list[Item]) -> bool:
         """Store ``items`` at the nodes nearest to ``key``; True if one of them holds them."""
         target = key_of(key.encode())
+        run_id = self.run_of_key(key)
         accepted = 0
         with trio.move_on_after(self._config.operation_timeout):
-            lookup = await self._lookup(target)
-            nearest = lookup.closest()[: self._config.replication]
+            lookup = await self._lookup(target, run_id=run_id)
+            if run_id is None:
+                nearest = lookup.closest()[: self._config.replication]
+            else:  # a guarded run's records go to its members only
+                nearest = await self._member_replicas(target, run_id, lookup.closest())
             if self.server_mode:
                 # This node is one of the replicas if it is among the nearest.
                 mine = distance(self._key, target)
@@ -422,42 +434,100 @@ class DHTService:
 
     # -- lookups ----------------------------------------------------------------------
 
-    def _seeds(self, target: int) -> list[Contact]:
-        """The table's nearest contacts; the connected peers while the table is empty."""
+    def _seeds(self, target: int, run_id: str | None = None) -> list[Contact]:
+        """The table's nearest contacts; the connected peers while the table is empty
+        (and, for a guarded run's key, the connected members of the run)."""
         seeds = self._table.closest(target)
-        if len(seeds) < self._config.alpha:
+        if len(seeds) < self._config.alpha or run_id is not None:
             known = {c.peer for c in seeds}
             for peer in self._host.connected_peers():
-                if peer not in known:
+                if peer not in known and (len(seeds) < self._config.alpha
+                                          or self._members.is_member(peer, run_id)):
                     seeds.append(Contact(peer, key_of(peer.to_bytes())))
         return seeds
 
+    async def _member(self, peer: Any, run_id: str) -> bool:
+        """Whether ``peer`` is a member of the guarded run ``run_id``, after the
+        membership handshake a certificate run needs (waited for at most
+        ``query_timeout``: a peer that stalls it counts as one failed query)."""
+        if not self._members.is_member(peer, run_id):
+            with trio.move_on_after(self._config.query_timeout):
+                await self._introduce(peer, run_id)
+        return self._members.is_member(peer, run_id)
+
+    async def _member_replicas(self, target: int, run_id: str,
+                               nearest: list[Contact]) -> list[Contact]:
+        """The ``replication`` members of ``run_id`` nearest to ``target`` among the
+        lookup's ``nearest`` and the connected peers."""
+        candidates = {c.peer: c for c in nearest}
+        for peer in self._host.connected_peers():
+            if peer not in candidates and peer != self._peer_id \
+                    and self._members.is_member(peer, run_id):
+                candidates[peer] = Contact(peer, key_of(peer.to_bytes()))
+        members: list[Contact] = []
+
+        async def check(contact: Contact) -> None:
+            if await self._member(contact.peer, run_id):
+                members.append(contact)
+
+        async with trio.open_nursery() as nursery:
+            for contact in candidates.values():
+                nursery.start_soon(check, contact)
+        members.sort(key=lambda c: distance(c.key, target))
+        return members[: self._config.replication]
+
+    async def _ask_members(self, key: str, target: int, run_id: str, lookup: Lookup,
+                           record: Record) -> bool:
+        """A guarded run's key: ask the members that hold its replicas but were not
+        among the lookup's nearest.  True if one of them had valid items."""
+        asked = set(lookup.asked)
+        replicas = await self._member_replicas(target, run_id, lookup.closest())
+        request = FindValue(key, *self._sender())
+        found = False
+
+        async def ask(contact: Contact) -> None:
+            nonlocal found
+            response = await self._query(contact, request)
+            if isinstance(response, Value) and response.items \
+                    and self._accept_items(key, response.items, contact.peer, record):
+                found = True
+
+        async with trio.open_nursery() as nursery:
+            for contact in replicas:
+                if contact.peer not in asked:
+                    nursery.start_soon(ask, contact)
+        return found
+
     async def _lookup(self, target: int, *, find_value: str | None = None,
-                      stop_at_value: bool = False, into: Record | None = None) -> Lookup:
+                      stop_at_value: bool = False, into: Record | None = None,
+                      run_id: str | None = None) -> Lookup:
         """Run one iterative lookup for ``target`` (a find-value lookup with ``find_value``).
 
-        Valid items found are merged into ``into``.
+        Valid items found are merged into ``into``.  With the ``run_id`` of a
+        guarded run the key is asked of the run's members only: every other
+        contact gets a ``dht.find_node`` (it learns a position, not the key).
         """
         config = self._config
-        lookup = Lookup(target, self._seeds(target), k=config.k, alpha=config.alpha,
+        lookup = Lookup(target, self._seeds(target, run_id), k=config.k, alpha=config.alpha,
                         stop_at_value=stop_at_value, max_queries=config.max_lookup_queries,
                         local=self._peer_id)
-        request: Message
-        if find_value is None:
-            request = FindNode(target.to_bytes(TARGET_SIZE, "big"), *self._sender())
-        else:
-            request = FindValue(find_value, *self._sender())
+        find_node = FindNode(target.to_bytes(TARGET_SIZE, "big"), *self._sender())
+        request: Message = find_node if find_value is None \
+            else FindValue(find_value, *self._sender())
         record = into if into is not None else Record()
         progress = trio.lowlevel.ParkingLot()
 
-        expected = Nodes if find_value is None else Value
-
         async def ask(contact: Contact) -> None:
             try:
-                response = await self._query(contact, request)
+                asked = request
+                if run_id is not None and find_value is not None \
+                        and not await self._member(contact.peer, run_id):
+                    asked = find_node
+                expected = Nodes if asked is find_node else Value
+                response = await self._query(contact, asked)
                 if not isinstance(response, expected):
                     if response is not None:
-                        logger.info("%s answered %s with %s", contact.peer, request.TAG,
+                        logger.info("%s answered %s with %s", contact.peer, asked.TAG,
                                     response.TAG)
                     lookup.on_failure(contact.peer)
                     return

@@ -395,10 +395,12 @@ def slow_handshakes(monkeypatch):
 async def test_an_outsider_announced_under_the_run_key_delays_no_round(monkeypatch,
                                                                          autojump_clock):
     """An uninvited peer announces itself under the run's matchmaking key (its own
-    DHT node keeps the entry) and answers handshakes only after a long wait.
-    The members leave its entry out of their views (no plan names it, nobody
-    waits on it) and stop introducing themselves to it: every round forms with
-    the three members."""
+    DHT node keeps the entry; the members' refuse it) and answers handshakes
+    only after a long wait.  One member's replica holds the entry all the same
+    (a malicious member's may serve any validly signed entry).  The members
+    leave it out of their views (no plan names it, nobody waits on it) and
+    stop introducing themselves to the outsider: every round forms with the
+    three members."""
     slow_handshakes(monkeypatch)
     authority = Authority.generate()
     async with open_memory_nodes(4) as nodes:
@@ -408,6 +410,11 @@ async def test_an_outsider_announced_under_the_run_key_delays_no_round(monkeypat
         outsider.membership.slow = True
         for epoch in range(1, 4):
             await outsider.dht.announce(round_key(RUN, epoch), outsider.dht.now() + 300)
+            key = GROUP_PREFIX + round_key(RUN, epoch)
+            entries = outsider.dht.local_store.get(key, outsider.dht.now())
+            assert entries and not members[0].dht.local_store.get(key, outsider.dht.now())
+            for item in entries:
+                assert members[0].dht.local_store.put(key, item, members[0].dht.now()) == ""
         took = []
         for epoch in range(1, 4):
             results, groups = {}, {}
@@ -467,3 +474,30 @@ async def test_a_peer_that_answers_handshakes_slowly_is_waited_for_once_per_ttl(
         enrol([slow], authority)
         await introduce()
         assert member.membership.is_member(slow.peer_id, RUN)
+
+
+async def test_a_closed_runs_records_are_held_and_served_by_its_members_only(autojump_clock):
+    """Three members and two outsiders, all DHT servers (five nodes: every one of
+    them is among a key's ``replication`` nearest).  The members' rendezvous
+    entries go to members only: the outsiders' stores hold nothing of the run,
+    the members find each other, and an outsider that looks finds nobody."""
+    authority = Authority.generate()
+    async with open_memory_nodes(5) as nodes:
+        await wait_for_dht(nodes)
+        members, outsiders = nodes[:3], nodes[3:]
+        enrol(members, authority)
+        key = round_key(RUN, 1)
+        for node in members:
+            assert await node.dht.announce(key, node.dht.now() + 300)
+        for outsider in outsiders:
+            assert not outsider.dht.local_store.get(GROUP_PREFIX + key, outsider.dht.now())
+        expected = {n.peer_id for n in members}
+        for node in members:
+            assert len(node.dht.local_store.get(GROUP_PREFIX + key, node.dht.now())) == 3
+            assert {p.peer_id for p in await node.dht.find_peers(key)} == expected
+        for outsider in outsiders:
+            assert await outsider.dht.find_peers(key) == []
+        # An open run's keys (no policy anywhere) still go to every node.
+        assert await members[0].dht.announce(round_key("open-run", 1), nodes[0].dht.now() + 300)
+        assert any(o.dht.local_store.get(GROUP_PREFIX + round_key("open-run", 1),
+                                         o.dht.now()) for o in outsiders)
