@@ -96,7 +96,7 @@ SERVICES: tuple[tuple[str, ServiceBuilder], ...] = (
                                                            reachability=s["nat"])),
     ("averaging", lambda ctx, cfg, s: AllReduceService(
         ctx, cfg.allreduce, weight_evidence=getattr(s["progress"], "weight_evidence", None),
-        own_report=getattr(s["progress"], "signed_report", None))),
+        own_report=getattr(s["progress"], "signed_report", None), dht=s["dht"])),
     ("state_sync", lambda ctx, cfg, s: StateSyncService(ctx, cfg.state_sync)),
 )
 

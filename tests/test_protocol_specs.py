@@ -370,6 +370,12 @@ def test_allreduce_definitions_match_the_code():
     from p2pdl.averaging.allreduce import _session as ar_session
     for name in ("DONE_LINGER", "MAX_RECENT_GROUPS", "LIVENESS_POLL", "HAVE_GRACE"):
         assert number(rows[name]) == getattr(ar_session, name), name
+    from p2pdl.averaging.allreduce import _accusations as ar_accusations
+    from p2pdl.averaging.allreduce import _accusing as ar_accusing
+    for name in ("MAX_ACCUSATIONS", "MAX_CHECKED_ACCUSATIONS", "MAX_WATCHED_RUNS"):
+        assert number(rows[name]) == getattr(ar_accusations, name), name
+    assert number(rows["ACCUSATION_TTL"]) == ar_accusing.ACCUSATION_TTL
+    assert rows["ACCUSATIONS_PREFIX"].strip("`") == ar_accusations.ACCUSATIONS_PREFIX
     defaults = AllReduceConfig()
     for field in dataclasses.fields(AllReduceConfig):
         if field.name == "codecs":
@@ -391,12 +397,14 @@ def test_allreduce_definitions_match_the_code():
 
 
 def test_allreduce_messages_codes_and_layout_match_the_code():
+    from p2pdl.averaging.allreduce import _accusations as ar_accusations
     text = spec("allreduce.md")
     messages = section(text, "Messages")
     for message in (ar_messages.Begin, ar_messages.Done, ar_messages.Reject,
                     ar_messages.Segment, ar_messages.Have, ar_messages.Check,
                     ar_messages.PartCheck, ar_messages.Dispute, ar_messages.SignedReport,
-                    ar_messages.Proof, ar_messages.Shown):
+                    ar_messages.Proof, ar_messages.Shown, ar_accusations.Equivocation,
+                    ar_accusations.Accusations):
         assert f"`{message.TAG}`" in messages, message.TAG
         for field in dataclasses.fields(message):
             assert f"| `{field.name}` |" in messages, (message.TAG, field.name)

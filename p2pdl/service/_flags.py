@@ -9,14 +9,17 @@ each, with a count per reason kind.
 
 Bans: a peer flagged ``ban_after[kind]`` times for one kind in one run is
 banned from that run for ``ban_seconds`` (by default, for an hour:
-``outlier_values`` three times; ``report_lie`` or ``reducer_lie``, the
-all-reduce's proven lies, once; ``reducer_check_failed``, a failed check
-whose reducer did not answer the dispute, three times).  The node's
+``outlier_values`` three times; ``report_lie``, ``reducer_lie`` or
+``equivocation``, the all-reduce's proven lies, once; ``false_accusation``,
+a published accusation that does not check out, once;
+``reducer_check_failed``, a failed check whose reducer did not answer the
+dispute, three times).  The node's
 admission gate then refuses it on every run-scoped protocol of that run,
 and the node treats it as no member (it joins no group it leads, sends it
 no values).  Other kinds never ban on
 their own: an honest report may lag, an honest donor may be behind.  Flags
-and bans are local knowledge: nothing here is sent to other peers.
+and bans are local knowledge: nothing here is sent to other peers (the
+all-reduce publishes its proofs of equivocation itself, in certificate runs).
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ MAX_FLAGGED_PEERS = 4096
 MAX_REASONS_PER_PEER = 16
 #: Flags of one kind in one run that ban a peer from the run.
 BAN_AFTER = {"outlier_values": 3, "report_lie": 1, "reducer_lie": 1,
-             "reducer_check_failed": 3}
+             "reducer_check_failed": 3, "equivocation": 1, "false_accusation": 1}
 #: How long a ban lasts (s).
 BAN_SECONDS = 3600.0
 

@@ -15,15 +15,19 @@ Modules:
 * ``_verify`` -- sans-IO: checking a reducer's result from its contributors'
   sketches (:class:`RoundVerifier`, :func:`check_part`).
 * ``_evidence`` -- sans-IO: what settles a dispute over a failed check: the
-  senders' signed commitments, signed reports, and what a reducer keeps
-  and shows (:class:`ReducerEvidence`).
+  senders' signed commitments, signed reports, the reducers' signed
+  results, and what a reducer keeps and shows (:class:`ReducerEvidence`).
+* ``_accusations`` -- sans-IO: proofs that travel (a reducer's two signed
+  results of one part: :class:`Equivocation`), the record members publish
+  in certificate runs and :class:`AccusationBoard`.
 * ``_service`` -- :class:`AllReduceService`: the streams of a butterfly
   all-reduce, sending, reducing and receiving at once; each sender's weight
   bounded by what its progress reports support (``weight_evidence``), the
   one it attaches to its ``ar.begin`` (``own_report``) included.  Its
   sides, each a part of the class: ``_sending`` (the sender's streams and
   commitments), ``_reducing`` (a reducer's streams), ``_exchange`` (the
-  post-round exchange) and ``_disputes`` (verification and disputes); and
+  post-round exchange), ``_disputes`` (verification and disputes) and
+  ``_accusing`` (publishing and reading accusations); and
   ``_session``, what one call is while it runs, its statistics and flags.
 """
 

@@ -20,6 +20,7 @@ from ...errors import (
     RemoteProtocolError,
 )
 from ...wire import FramedStream, TensorChunk, open_framed_stream
+from ._accusations import Equivocation, equivocation_problem
 from ._evidence import (
     ReducerEvidence,
     chunk_digest,
@@ -40,6 +41,7 @@ from ._messages import (
 from ._session import (
     CHECK_FLAG,
     DONE_LINGER,
+    EQUIVOCATION_FLAG,
     HAVE_GRACE,
     LIE_FLAG,
     REDUCER_LIE_FLAG,
@@ -54,7 +56,7 @@ from ._state import (
     PartReceiver,
     RejectError,
 )
-from ._verify import NONCE_SIZE, Report, RoundVerifier, sketch_plan, verifiable
+from ._verify import NONCE_SIZE, Report, RoundVerifier, Verdict, sketch_plan, verifiable
 
 if TYPE_CHECKING:
     import torch
@@ -106,19 +108,33 @@ class _DisputeSide:
                 chunk.codec.decode(bytes(chunk.codec.encode(piece)), chunk.count, out=piece)
             return own
 
-        return RoundVerifier(layout, session.group.group_id, session.me,
-                             secrets.token_bytes(NONCE_SIZE), results, claims, digests, values)
+        verifier = RoundVerifier(layout, session.group.group_id, session.me,
+                                 secrets.token_bytes(NONCE_SIZE), results, claims, digests,
+                                 values)
+        for r in session.held:
+            signature = self._result_signature(session) if r == session.me \
+                else receivers[r].signature
+            if signature is not None:
+                verifier.signatures[r] = signature
+        return verifier
 
     async def _judge(self, session: _Session) -> None:
         """The verdicts on the parts this member checks; disputes those that
         failed with their reducers; flags what the outcome proves."""
+        self._watch(session.group.run_id)
         verifier = session.verifier
         if verifier is None:
             return
         group = session.group
         session.verdicts = verifier.verdicts()
+        proofs = self._equivocations(session)
+        for r, proof in proofs.items():
+            why = (f"it signed two different results of its part (members "
+                   f"{session.me} and {proof[0]} hold them)")
+            session.verdicts[r] = Verdict("failed", reason=why)
+            session.disputes[r] = ("equivocation", frozenset(), why)
         failed = [r for r, verdict in sorted(session.verdicts.items())
-                  if verdict.status == "failed"]
+                  if verdict.status == "failed" and r not in proofs]
         if failed:
             with trio.move_on_after(session.config.reducer_timeout):
                 async with trio.open_nursery() as nursery:
@@ -143,13 +159,18 @@ class _DisputeSide:
                 self._counters["parts_unverifiable"] += 1
             elif verdict.status == "failed":
                 self._counters["parts_check_failed"] += 1
-                flag = REDUCER_LIE_FLAG if outcome == "reducer_lie" else CHECK_FLAG
+                flag = {"reducer_lie": REDUCER_LIE_FLAG,
+                        "equivocation": EQUIVOCATION_FLAG}.get(outcome, CHECK_FLAG)
                 self._flags.flag(peer, group.run_id, flag, now, why or verdict.reason)
                 logger.warning("all-reduce %s: part %d (reducer %s) failed its check, dropped "
                                "(%s): %s", group.group_id.hex()[:8], r, peer,
-                               "its evidence did not clear it" if outcome == "reducer_lie"
-                               else "its reducer did not answer the dispute",
+                               {"reducer_lie": "its evidence did not clear it",
+                                "equivocation": "proven by its own signatures"}.get(
+                                   outcome, "its reducer did not answer the dispute"),
                                why or verdict.reason)
+        for _, (_, proof) in sorted(proofs.items()):
+            self._counters["equivocations"] += 1
+            self._accuse(group.run_id, proof)
         for liar in sorted(proven):   # once per round
             self._counters["report_lies"] += 1
             self._flags.flag(group.members[liar].peer_id, group.run_id, LIE_FLAG, now,
@@ -158,6 +179,26 @@ class _DisputeSide:
             self._flags.flag(group.members[liar].peer_id, group.run_id, REPORT_FLAG, now)
             logger.info("all-reduce %s: member %d (%s) reported a sketch that is a lie on its "
                         "face", group.group_id.hex()[:8], liar, group.members[liar].peer_id)
+
+    def _equivocations(self, session: _Session) -> dict[int, tuple[int, Equivocation]]:
+        """The parts whose reducer signed another result for a member than for
+        this one (its ``ar.have`` said so, under the reducer's signature):
+        part -> (that member, the proof)."""
+        verifier = session.verifier
+        assert verifier is not None
+        group = session.group
+        proofs: dict[int, tuple[int, Equivocation]] = {}
+        for j, results in sorted(session.results_heard.items()):
+            for r, (digest, signature) in sorted(results.items()):
+                mine = verifier.signatures.get(r)
+                if r == session.me or r in proofs or mine is None \
+                        or digest == verifier.digests[r]:
+                    continue
+                proof = Equivocation(group.group_id, r, group.members[r].peer_id.to_bytes(),
+                                     [verifier.digests[r], digest], [mine, signature])
+                if equivocation_problem(proof) is None:
+                    proofs[r] = (j, proof)
+        return proofs
 
     def _keep_evidence(self, session: _Session) -> ReducerEvidence | None:
         """What this reducer keeps to answer disputes (None: it verifies

@@ -55,8 +55,8 @@ if TYPE_CHECKING:
 Layout = Any
 
 __all__ = ["CHUNK_DIGEST_SIZE", "SIGNATURE_SIZE", "MAX_COMMITTED_CHUNKS", "chunk_digest",
-           "commitment_payload", "report_payload", "signed_by", "pack_sketch", "unpack_report",
-           "decode_chunks", "ReducerEvidence"]
+           "commitment_payload", "report_payload", "claims_bytes", "result_payload",
+           "signed_by", "pack_sketch", "unpack_report", "decode_chunks", "ReducerEvidence"]
 
 #: Bytes of a chunk digest (SHA-256 of its payload).
 CHUNK_DIGEST_SIZE = 32
@@ -67,6 +67,8 @@ SIGNATURE_SIZE = 64
 MAX_COMMITTED_CHUNKS = 16384
 _COMMIT_DOMAIN = "p2pdl/allreduce/commit/1"
 _REPORT_DOMAIN = "p2pdl/allreduce/report/1"
+_RESULT_DOMAIN = "p2pdl/allreduce/result/1"
+_CLAIMS_DOMAIN = "p2pdl/allreduce/claims/1"
 
 
 def chunk_digest(payload: bytes | bytearray | memoryview) -> bytes:
@@ -87,6 +89,21 @@ def report_payload(group_id: bytes, part: int, contributor: int, nonce: bytes, d
     digest of the result it holds, its sketch as sent and its distances."""
     return msgpack.packb([_REPORT_DOMAIN, group_id, part, contributor, nonce, digest, sketch,
                           [float(d) for d in distances]], use_bin_type=True)
+
+
+def claims_bytes(segments: Sequence[Any], taus: Sequence[float] | None) -> bytes:
+    """A part's claims (its ``ar.done``: segments and radii) as its result
+    digest covers them, after the averaged chunks' payloads."""
+    return msgpack.packb([
+        _CLAIMS_DOMAIN,
+        [[int(s.first), int(s.end), [int(c) for c in s.contributors], float(s.weight),
+          None if s.weights is None else [float(w) for w in s.weights]] for s in segments],
+        None if taus is None else [float(t) for t in taus]], use_bin_type=True)
+
+
+def result_payload(group_id: bytes, part: int, digest: bytes) -> bytes:
+    """What a reducer signs with its ``ar.done``: the result digest of its part."""
+    return msgpack.packb([_RESULT_DOMAIN, group_id, part, digest], use_bin_type=True)
 
 
 def signed_by(peer: Any, payload: bytes, signature: bytes | None) -> bool:

@@ -121,6 +121,7 @@ class _ExchangeSide:
                         raise RemoteProtocolError("the reply to ar.have is for another "
                                                   "group or member")
                     self._heard(session, j, check_have_parts(reply.parts, session.layout))
+                    self._hear_results(session, j, reply)
                     if mine.nonce and reply.nonce:   # both verify: reports both ways
                         await stream.send_message(self._check(session, j, reply))
                         self._hear_check(session, j, await self._receive_check(stream, j))
@@ -181,6 +182,7 @@ class _ExchangeSide:
                 raise RejectError("duplicate", f"member {j} already sent its ar.have")
             session.have_streams.add(j)
             self._heard(session, j, parts)
+            self._hear_results(session, j, have)
             with trio.CancelScope() as scope:
                 session.scopes.add(scope)
                 try:
@@ -216,8 +218,22 @@ class _ExchangeSide:
         if verifier is None:
             return Have(session.group.group_id, session.me, parts)
         digests = [verifier.digests[r] for r in parts]
-        self._counters["verification_bytes_sent"] += len(verifier.nonce) + sum(map(len, digests))
-        return Have(session.group.group_id, session.me, parts, digests, verifier.nonce)
+        results = [verifier.signatures.get(r, b"") for r in parts]
+        self._counters["verification_bytes_sent"] += len(verifier.nonce) \
+            + sum(map(len, digests)) + sum(map(len, results))
+        return Have(session.group.group_id, session.me, parts, digests, verifier.nonce, results)
+
+    def _hear_results(self, session: _Session, j: int, have: Have) -> None:
+        """The result digests member ``j`` holds and their reducers' signatures
+        (compared with this member's own in ``_judge``: equivocation)."""
+        if have.digests is None or have.results is None:
+            return
+        if len(have.digests) != len(have.parts) or len(have.results) != len(have.parts):
+            raise RemoteProtocolError("an ar.have must name one digest and one result "
+                                      "signature per part")
+        session.results_heard[j] = {r: (digest, signature) for r, digest, signature
+                                    in zip(have.parts, have.digests, have.results, strict=True)
+                                    if signature}
 
     def _check(self, session: _Session, j: int, have: Have) -> Check:
         """This member's ``ar.check`` for member ``j``'s nonce."""

@@ -114,11 +114,13 @@ class Segment(Message, tag="ar.segment"):
 class Done(Message, tag="ar.done"):
     """Every averaged chunk was sent; who contributed to which; under
     CenteredClip, ``taus``: the radius of each chunk (None under the mean, and
-    from r6 reducers)."""
+    from r6 reducers); ``signature``: the reducer's over the part's result
+    digest (None under a rule without a check, and from r9 reducers)."""
 
     segments: Annotated[list[Segment], MaxLen(MAX_SEGMENTS)]
     taus: Annotated[list[Annotated[float, Range(0.0, MAX_TAU)]],
                     MaxLen(MAX_SEGMENTS)] | None = None
+    signature: Annotated[bytes, MaxLen(SIGNATURE_SIZE)] | None = None
 
 
 class Reject(Message, tag="ar.reject"):
@@ -133,7 +135,8 @@ class Have(Message, tag="ar.have"):
     members whose non-empty part it received whole, or reduced itself);
     ``digests``: the SHA-256 of each of those parts' result, in the order of
     ``parts`` (None from r6 members); ``nonce``: the sender's verification
-    nonce (empty: it verifies nothing)."""
+    nonce (empty: it verifies nothing); ``results``: each of those parts'
+    reducer's signature over its digest (None from r9 members)."""
 
     group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
     sender: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
@@ -142,6 +145,8 @@ class Have(Message, tag="ar.have"):
     digests: Annotated[list[Annotated[bytes, MaxLen(RESULT_DIGEST_SIZE)]],
                        MaxLen(MAX_GROUP_SIZE)] | None = None
     nonce: Annotated[bytes, MaxLen(NONCE_SIZE)] = b""
+    results: Annotated[list[Annotated[bytes, MaxLen(SIGNATURE_SIZE)]],
+                       MaxLen(MAX_GROUP_SIZE)] | None = None
 
 
 class PartCheck(Message, tag="ar.part_check"):

@@ -24,6 +24,7 @@ from ...wire import FramedStream, TensorChunk
 from ._evidence import (
     MAX_COMMITTED_CHUNKS,
     commitment_payload,
+    result_payload,
     signed_by,
 )
 from ._messages import (
@@ -273,6 +274,18 @@ class _ReducerSide:
             session.finalize()
             session.progressed()
 
+    def _result_signature(self, session: _Session) -> bytes | None:
+        """This reducer's signature over its complete part's result digest
+        (None under a rule without a check); signed once per round."""
+        reducer = session.reducer
+        assert reducer is not None and reducer.complete
+        if not verifiable(session.layout.aggregator):
+            return None
+        if session.result_signature is None:
+            session.result_signature = self._key.sign(
+                result_payload(session.group.group_id, session.me, reducer.digest()))
+        return session.result_signature
+
     async def _send_results(self, stream: FramedStream, session: _Session, sender: int) -> None:
         """Send the averaged chunks as they become final, then ``ar.done``."""
         reducer = session.reducer
@@ -281,7 +294,8 @@ class _ReducerSide:
             while reducer.final <= k:
                 await session.wait_progress()
             await stream.send_tensor_chunk(chunk.header(), reducer.payloads[k])
-        await stream.send_message(Done(reducer.segments(), reducer.taus()))
+        await stream.send_message(Done(reducer.segments(), reducer.taus(),
+                                       self._result_signature(session)))
         # The sender ends the stream once it has read everything: wait for
         # that (briefly), so that a reducer that returns -- or exits -- right
         # after the round does not cut off averages still in flight.

@@ -23,6 +23,8 @@ from ._evidence import (
     MAX_COMMITTED_CHUNKS,
     chunk_digest,
     commitment_payload,
+    result_payload,
+    signed_by,
 )
 from ._messages import (
     ALLREDUCE_PROTOCOL_ID,
@@ -39,8 +41,7 @@ from ._state import PartReceiver
 from ._verify import verifiable
 
 if TYPE_CHECKING:
-
-    pass
+    from collections.abc import Callable
 
 __all__ = ["_SenderSide"]
 
@@ -136,4 +137,19 @@ class _SenderSide:
                 raise _Rejected(f"the reducer refused: {message.code}"
                                 + (f" ({message.detail})" if message.detail else ""))
             assert isinstance(message, Done)
-            receiver.done(message.segments, message.taus)
+            receiver.done(message.segments, message.taus, message.signature,
+                          self._result_signed(session, r))
+
+    def _result_signed(self, session: _Session, r: int
+                       ) -> Callable[[bytes, bytes | None], bool] | None:
+        """How a receiver checks part ``r``'s ``ar.done`` signature (None: a
+        rule without a check, where reducers sign nothing)."""
+        if not verifiable(session.layout.aggregator):
+            return None
+        group = session.group
+        peer = group.members[r].peer_id
+
+        def signed(digest: bytes, signature: bytes | None) -> bool:
+            return signed_by(peer, result_payload(group.group_id, r, digest), signature)
+
+        return signed

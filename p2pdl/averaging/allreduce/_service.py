@@ -48,6 +48,8 @@ from ...errors import (
 from ...service import Opened, Refusal, ServiceContext, StreamEndpoint, serve_nothing
 from ...wire import FramedStream, TensorChunk
 from ..matchmaking.config import MAX_DETAIL_LENGTH
+from ._accusations import ACCUSATIONS_PREFIX, AccusationBoard
+from ._accusing import ACCUSATIONS_SCHEMA, _AccusationSide
 from ._disputes import _DisputeSide
 from ._exchange import _ExchangeSide
 from ._messages import (
@@ -98,6 +100,7 @@ if TYPE_CHECKING:
     import torch
     from libp2p.peer.id import ID
 
+    from ...dht import DHTService
     from ...progress import Report
     from ..matchmaking import Group
 
@@ -119,7 +122,8 @@ OwnReport = Callable[[str, int], "Report | None"]
 logger = logging.getLogger(__name__)
 
 
-class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide):
+class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
+                       _AccusationSide):
     """Butterfly all-reduce for groups from matchmaking (``node.averaging``).
 
     ``weight_evidence(run_id, peer, epoch, report)``: the largest sample
@@ -137,12 +141,23 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide):
     report at that epoch (the node passes ``ProgressService.signed_report``);
     as a sender of positive weight the node attaches it to every
     ``ar.begin``, so that its evidence reaches the reducers with its claim.
+
+    ``dht``: where proofs of equivocation travel in certificate runs
+    (published and read under ``p2pdl/accusations/<run id>``; the node
+    passes its DHT).  Without it, they stay this node's own.
     """
 
     def __init__(self, context: ServiceContext, config: AllReduceConfig | None = None, *,
                  weight_evidence: WeightEvidence | None = None,
-                 own_report: OwnReport | None = None) -> None:
+                 own_report: OwnReport | None = None, dht: DHTService | None = None) -> None:
         self._host = context.host
+        self._members = context.members
+        self._dht = dht
+        self._board = AccusationBoard()
+        self._board_changed = trio.Event()
+        if dht is not None:
+            dht.scope_run_keys(ACCUSATIONS_PREFIX, lambda rest: rest)
+            dht.register_schema(ACCUSATIONS_SCHEMA)
         self._key = context.host.libp2p.get_private_key()
         self._wire = context.wire
         self._clock = context.clock
@@ -176,8 +191,13 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide):
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
                     ) -> None:
-        """No background work: a round runs in the caller's task, streams in theirs."""
-        await serve_nothing(task_status)
+        """Publishes and reads accusations (certificate runs); a round runs in
+        the caller's task, streams in theirs."""
+        if self._dht is None:
+            await serve_nothing(task_status)
+            return
+        task_status.started()
+        await self._accusations_loop()
 
     async def all_reduce(self, group: Group, tensors: Sequence[torch.Tensor], *,
                          weight: float = 1.0, config: AllReduceConfig | None = None,

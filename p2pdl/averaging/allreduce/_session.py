@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from ..matchmaking import Group
 
 __all__ = ["WEIGHT_FLAG", "OUTLIER_FLAG", "CHECK_FLAG", "REPORT_FLAG", "LIE_FLAG",
-           "REDUCER_LIE_FLAG", "MAX_RECENT_GROUPS", "DONE_LINGER", "LIVENESS_POLL", "HAVE_GRACE",
+           "REDUCER_LIE_FLAG", "EQUIVOCATION_FLAG", "FALSE_ACCUSATION_FLAG",
+           "MAX_RECENT_GROUPS", "DONE_LINGER", "LIVENESS_POLL", "HAVE_GRACE",
            "AllReduceStatistics", "COUNTERS", "_Session", "_NOT_CHECKED", "_Rejected",
            "_Finished", "_held", "_describe", "_predicted", "_check_tensors", "_flatten",
            "_check_finite", "_receive_message", "_restore", "_unflatten"]
@@ -66,6 +67,14 @@ LIE_FLAG = "report_lie"
 #: The flag of a reducer whose part still failed once it showed its evidence
 #: (or that showed false evidence).
 REDUCER_LIE_FLAG = "reducer_lie"
+
+
+#: The flag of a reducer proven to have signed two different results of one part.
+EQUIVOCATION_FLAG = "equivocation"
+
+
+#: The flag of a member whose published accusation did not check out.
+FALSE_ACCUSATION_FLAG = "false_accusation"
 
 
 #: Finished groups a node remembers, to refuse their late streams at once.
@@ -113,9 +122,15 @@ class AllReduceStatistics(Statistics):
     passed once the reducer showed its contributors' committed chunks;
     ``report_lies``: contributors those chunks proved liars (each flagged
     ``report_lie``); ``disputes_answered``: disputes this node answered as
-    a reducer.  ``verification_bytes_sent``: what verification added to
-    this node's messages (nonces, digests, commitments, ``ar.check``), in
-    bytes of their msgpack bodies.
+    a reducer.  ``equivocations``: parts whose reducer this node caught
+    signing two different results (each flagged ``equivocation``).
+    ``accusations_published``: proofs this node published in a run's
+    accusation record; ``accusations_upheld``: proofs published by other
+    members that checked out (the accused flagged ``equivocation``);
+    ``accusations_false``: those that did not (their publisher flagged
+    ``false_accusation``).  ``verification_bytes_sent``: what verification
+    added to this node's messages (nonces, digests, commitments, result
+    signatures, ``ar.check``), in bytes of their msgpack bodies.
     """
 
     active: int
@@ -143,6 +158,10 @@ class AllReduceStatistics(Statistics):
     disputes_cleared: int = 0
     report_lies: int = 0
     disputes_answered: int = 0
+    equivocations: int = 0
+    accusations_published: int = 0
+    accusations_upheld: int = 0
+    accusations_false: int = 0
     verification_bytes_sent: int = 0
 
 
@@ -198,6 +217,11 @@ class _Session:
         # part -> how its dispute ended: "cleared", "reducer_lie" or
         # "unanswered", the contributors proven liars, and why
         self.disputes: dict[int, tuple[str, frozenset[int], str]] = {}
+        # Signed results: this reducer's signature over its part's result
+        # digest, and what each member's ar.have said it holds: member ->
+        # part -> (result digest, its reducer's signature).
+        self.result_signature: bytes | None = None
+        self.results_heard: dict[int, dict[int, tuple[bytes, bytes]]] = {}
 
     def progressed(self) -> None:
         self._progress.set()

@@ -27,7 +27,7 @@ import dataclasses
 import enum
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -37,7 +37,7 @@ from ...wire import TensorHeader
 from .._aggregators import AUTO, Aggregator
 from .._balancing import part_sizes
 from .._codecs import Codec, CodecPolicy, choose_codec, codec_from_header
-from ._evidence import ReducerEvidence, chunk_digest
+from ._evidence import ReducerEvidence, chunk_digest, claims_bytes
 from ._messages import MAX_SEGMENTS, Segment
 from ._verify import ChunkClaim
 
@@ -432,6 +432,7 @@ class PartReducer:
         self._judged: dict[int, list[float]] = {}
         #: what this reducer says of each averaged chunk (verification)
         self.claims: list[ChunkClaim] = []
+        self._result_digest: bytes | None = None   # once complete
 
     # -- events -----------------------------------------------------------
 
@@ -722,12 +723,16 @@ class PartReducer:
         return [float(claim.tau or 0.0) for claim in self.claims[:self.final]]
 
     def digest(self) -> bytes:
-        """SHA-256 of the averaged chunks' payloads, in order (what every
-        receiver of the complete part computes from the bytes it got)."""
-        digest = hashlib.sha256()
-        for payload in self.payloads:
-            digest.update(payload)
-        return digest.digest()
+        """The result digest: SHA-256 of the averaged chunks' payloads, in
+        order, then of the claims (``ar.done``'s segments and radii): what
+        every receiver of the complete part computes from what it got."""
+        if self._result_digest is None or not self.complete:
+            digest = hashlib.sha256()
+            for payload in self.payloads:
+                digest.update(payload)
+            digest.update(claims_bytes(self.segments(), self.taus()))
+            self._result_digest = digest.digest()
+        return self._result_digest
 
     def evidence(self, group_id: bytes) -> ReducerEvidence:
         """What this reducer keeps to answer disputes once its part is
@@ -761,6 +766,10 @@ class PartReceiver:
         #: too little to be checked (no weights, or no radii under CenteredClip)
         self.claims: tuple[ChunkClaim, ...] | None = None
         self._digest = hashlib.sha256()
+        #: the result digest, once ``ar.done`` came (payloads, then claims)
+        self.result_digest: bytes | None = None
+        #: the reducer's signature over it (None: it sent none)
+        self.signature: bytes | None = None
 
     def add_chunk(self, header: TensorHeader, payload: memoryview | bytes) -> None:
         if self.segments is not None or self.received >= len(self.chunks):
@@ -775,10 +784,16 @@ class PartReceiver:
 
     @property
     def digest(self) -> bytes:
-        """SHA-256 of the averaged chunks' payloads as received."""
-        return self._digest.digest()
+        """The result digest of the complete part (``PartReducer.digest``)."""
+        assert self.result_digest is not None, "the part is not complete"
+        return self.result_digest
 
-    def done(self, segments: Sequence[Segment], taus: Sequence[float] | None = None) -> None:
+    def done(self, segments: Sequence[Segment], taus: Sequence[float] | None = None,
+             signature: bytes | None = None,
+             signed: Callable[[bytes, bytes | None], bool] | None = None) -> None:
+        """``ar.done``: the claims, checked, complete the part.  With ``signed``
+        (``signed(digest, signature)``: whether the reducer signed that result
+        digest) a part whose signature does not verify is a protocol error."""
         if self.received != len(self.chunks):
             raise RemoteProtocolError(f"reducer of part {self.part} said done after "
                                       f"{self.received} of {len(self.chunks)} chunks")
@@ -794,8 +809,16 @@ class PartReceiver:
         if position != len(self.chunks) or len(segments) > MAX_SEGMENTS:
             raise RemoteProtocolError(f"ar.done segments cover {position} of "
                                       f"{len(self.chunks)} chunks")
+        claims = self._claims(segments, taus)
+        digest = self._digest.copy()
+        digest.update(claims_bytes(segments, taus))
+        if signed is not None and not signed(digest.digest(), signature):
+            raise RemoteProtocolError(f"ar.done of part {self.part} without its reducer's "
+                                      f"valid signature over the result")
+        self.result_digest = digest.digest()
+        self.signature = signature
         self.segments = tuple(segments)
-        self.claims = self._claims(segments, taus)
+        self.claims = claims
 
     def _claims(self, segments: Sequence[Segment], taus: Sequence[float] | None
                 ) -> tuple[ChunkClaim, ...] | None:

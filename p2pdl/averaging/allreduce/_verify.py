@@ -511,6 +511,8 @@ class RoundVerifier:
         #: (part, contributor) -> the signed report as it came (the caller's wire
         #: form), for a dispute
         self.signed: dict[tuple[int, int], Any] = {}
+        #: part -> its reducer's signature over ``digests[part]`` (signed results)
+        self.signatures: dict[int, bytes] = {}
 
     @property
     def checked_parts(self) -> list[int]:

@@ -132,6 +132,12 @@ class AllReduceConfig:
         evidence_seconds: how long a reducer keeps its contributors'
             committed chunks after its round to answer disputes; only the
             last MAX_EVIDENCE_ROUNDS rounds keep them.  Default 60 (> 0).
+        accusation_interval: in a certificate run this node holds a
+            certificate of, how often it reads the accusations the run's
+            members published (proofs that a reducer signed two different
+            results: each true one bans the reducer, each false one its
+            publisher); its own proofs are published at once.  Only the
+            node's service config counts.  Default 30 s (> 0).
         max_chunks_ahead: a reducer reads a sender's chunks at most this
             many ahead of the first chunk still waiting for some sender, and
             holds them (decoded, float32) until that chunk can be averaged
@@ -159,6 +165,7 @@ class AllReduceConfig:
     outlier_factor: float | None = 10.0
     verify: bool = True
     evidence_seconds: float = 60.0
+    accusation_interval: float = 30.0
 
     def __post_init__(self) -> None:
         def check(ok: bool, what: str) -> None:
@@ -170,7 +177,8 @@ class AllReduceConfig:
         check(is_int(self.chunk_values)
               and MIN_CHUNK_VALUES <= self.chunk_values <= MAX_CHUNK_VALUES,
               f"chunk_values must be an integer in {MIN_CHUNK_VALUES}..{MAX_CHUNK_VALUES}")
-        for name in ("sender_timeout", "reducer_timeout", "join_wait", "evidence_seconds"):
+        for name in ("sender_timeout", "reducer_timeout", "join_wait", "evidence_seconds",
+                     "accusation_interval"):
             check(is_number(getattr(self, name)) and getattr(self, name) > 0,
                   f"{name} must be a positive number of seconds")
         check(is_number(self.averaging_timeout)

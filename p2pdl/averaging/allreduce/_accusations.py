@@ -1,0 +1,168 @@
+"""Accusations that travel, sans-IO (protocols/allreduce.md, Accusations).
+
+A reducer signs the result digest of its part in its ``ar.done``; members
+show each other those signatures in ``ar.have``.  Two valid signatures of
+one reducer over different digests of one part of one group are an
+**equivocation**: proof, to anyone who holds the reducer's peer id, that it
+sent different results (or claims) to different members.  The proof is
+small and checks itself, so it travels: in certificate runs each member
+publishes the proofs it found in the DHT, under its own signed subkey of
+``p2pdl/accusations/<run id>`` (a key of the run: stored at and read from
+members only), and every member that reads one checks it.  A true one
+bans the accused; a false one counts against its publisher, whose
+signature the DHT checked.
+
+:class:`AccusationBoard` holds what this node publishes, the runs it
+reads, and what it has already checked (bounded).
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+from typing import Annotated
+
+import msgpack
+from libp2p.peer.id import ID
+
+from ...wire import MaxLen, Message, Range
+from ..matchmaking.config import GROUP_ID_SIZE, MAX_GROUP_SIZE, MAX_PEER_ID_SIZE
+from ._evidence import SIGNATURE_SIZE, result_payload, signed_by
+
+__all__ = ["ACCUSATIONS_PREFIX", "MAX_ACCUSATIONS", "MAX_CHECKED_ACCUSATIONS",
+           "MAX_WATCHED_RUNS", "Equivocation", "Accusations", "AccusationBoard",
+           "equivocation_problem"]
+
+#: DHT key prefix of a run's accusations: ``p2pdl/accusations/<run id>``.
+ACCUSATIONS_PREFIX = "p2pdl/accusations/"
+#: Proofs one member publishes per run (its most recent).
+MAX_ACCUSATIONS = 16
+#: Proofs a node remembers having checked (least recent forgotten first).
+MAX_CHECKED_ACCUSATIONS = 4096
+#: Runs a node reads the accusations of (those of its most recent groups).
+MAX_WATCHED_RUNS = 16
+_DIGEST_SIZE = 32
+
+
+class Equivocation(Message, tag="ar.equivocation"):
+    """Reducer ``reducer`` (its peer id) signed two different result digests
+    of part ``part`` of group ``group_id``: ``digests`` and ``signatures``,
+    two of each, in the same order."""
+
+    group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
+    part: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
+    reducer: Annotated[bytes, MaxLen(MAX_PEER_ID_SIZE)]
+    digests: Annotated[list[Annotated[bytes, MaxLen(_DIGEST_SIZE)]], MaxLen(2)]
+    signatures: Annotated[list[Annotated[bytes, MaxLen(SIGNATURE_SIZE)]], MaxLen(2)]
+
+    @property
+    def key(self) -> tuple[bytes, int, bytes]:
+        """What one proof is about: (group, part, reducer)."""
+        return self.group_id, self.part, self.reducer
+
+
+class Accusations(Message, tag="ar.accusations"):
+    """One member's published proofs in one run (the value of its subkey of
+    ``p2pdl/accusations/<run id>``)."""
+
+    equivocations: Annotated[list[Equivocation], MaxLen(MAX_ACCUSATIONS)]
+
+
+def equivocation_problem(proof: Equivocation) -> str | None:
+    """Why ``proof`` proves nothing (None: it is a true proof)."""
+    if len(proof.digests) != 2 or len(proof.signatures) != 2:
+        return "not two digests and two signatures"
+    if proof.digests[0] == proof.digests[1]:
+        return "the two digests are the same"
+    try:
+        reducer = ID(proof.reducer)
+    except Exception:   # untrusted bytes
+        return "the reducer is no peer id"
+    for digest, signature in zip(proof.digests, proof.signatures, strict=True):
+        if not signed_by(reducer, result_payload(proof.group_id, proof.part, digest),
+                         signature):
+            return "a signature is not the reducer's over its digest"
+    return None
+
+
+def _fingerprint(owner: bytes, proof: Equivocation) -> bytes:
+    return hashlib.sha256(msgpack.packb(
+        [owner, proof.group_id, proof.part, proof.reducer, proof.digests, proof.signatures],
+        use_bin_type=True)).digest()
+
+
+class AccusationBoard:
+    """What one node publishes and reads.
+
+    ``accuse(run_id, proof)`` adds a proof of its own (the run's most recent
+    MAX_ACCUSATIONS kept); ``pending()`` names the runs whose record changed
+    since ``published(run_id)``; ``watch(run_id)`` adds a run to read (the
+    MAX_WATCHED_RUNS most recent); ``unchecked(owner, proofs)`` filters
+    what a read brought to the proofs not checked before, and
+    ``first_proof(proof)`` says whether a lie is proven for the first time
+    (each remembered, MAX_CHECKED_ACCUSATIONS at most)."""
+
+    def __init__(self) -> None:
+        self._mine: dict[str, collections.OrderedDict[tuple[bytes, int, bytes],
+                                                      Equivocation]] = {}
+        self._pending: set[str] = set()
+        self._watched: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._checked: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self._proven: collections.OrderedDict[tuple[bytes, int, bytes], None] = \
+            collections.OrderedDict()
+
+    def accuse(self, run_id: str, proof: Equivocation) -> bool:
+        """Publish ``proof`` in ``run_id`` (False: it is there already)."""
+        mine = self._mine.setdefault(run_id, collections.OrderedDict())
+        if proof.key in mine:
+            return False
+        mine[proof.key] = proof
+        while len(mine) > MAX_ACCUSATIONS:
+            mine.popitem(last=False)
+        self._pending.add(run_id)
+        self.watch(run_id)
+        return True
+
+    def record(self, run_id: str) -> Accusations:
+        """This node's record of ``run_id`` (what it stores under its subkey)."""
+        return Accusations(list(self._mine.get(run_id, {}).values()))
+
+    def pending(self) -> list[str]:
+        return sorted(self._pending)
+
+    def published(self, run_id: str) -> None:
+        self._pending.discard(run_id)
+
+    def watch(self, run_id: str) -> None:
+        self._watched[run_id] = None
+        self._watched.move_to_end(run_id)
+        while len(self._watched) > MAX_WATCHED_RUNS:
+            self._watched.popitem(last=False)
+
+    def watched(self) -> list[str]:
+        return list(self._watched)
+
+    def first_proof(self, proof: Equivocation) -> bool:
+        """Whether ``proof`` is the first true one this node has of its lie (one
+        lie is flagged once, however many members prove it)."""
+        if proof.key in self._proven:
+            self._proven.move_to_end(proof.key)
+            return False
+        self._proven[proof.key] = None
+        while len(self._proven) > MAX_CHECKED_ACCUSATIONS:
+            self._proven.popitem(last=False)
+        return True
+
+    def unchecked(self, owner: bytes, proofs: list[Equivocation]) -> list[Equivocation]:
+        """The proofs of ``owner``'s record not checked before (now remembered)."""
+        fresh = []
+        for proof in proofs:
+            mark = _fingerprint(owner, proof)
+            if mark in self._checked:
+                self._checked.move_to_end(mark)
+                continue
+            self._checked[mark] = None
+            fresh.append(proof)
+        while len(self._checked) > MAX_CHECKED_ACCUSATIONS:
+            self._checked.popitem(last=False)
+        return fresh
