@@ -12,8 +12,11 @@ Modules:
   computes, :class:`PartReducer` (held chunks, weights bounded by evidence and
   by :func:`cap_shares`, exclusions, averages chunk by chunk),
   :class:`PartReceiver`, the results.
+* ``_weights`` -- sans-IO: the weight caps every reducer applies
+  (:func:`cap_to_median`, :func:`cap_shares`), which verifiers check.
 * ``_verify`` -- sans-IO: checking a reducer's result from its contributors'
-  sketches (:class:`RoundVerifier`, :func:`check_part`).
+  sketches, and its claimed weights against the caps (:class:`RoundVerifier`,
+  :func:`check_part`).
 * ``_evidence`` -- sans-IO: what settles a dispute over a failed check: the
   senders' signed commitments, signed reports, the reducers' signed
   results, and what a reducer keeps and shows (:class:`ReducerEvidence`).
@@ -45,7 +48,7 @@ from ._state import Layout as Layout
 from ._state import PartReceiver as PartReceiver
 from ._state import PartReducer as PartReducer
 from ._state import PartResult as PartResult
-from ._state import cap_shares as cap_shares
-from ._state import cap_to_median as cap_to_median
 from ._state import default_fractions as default_fractions
+from ._weights import cap_shares as cap_shares
+from ._weights import cap_to_median as cap_to_median
 from .config import AllReduceConfig as AllReduceConfig

@@ -241,7 +241,7 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
             raise ConfigError(str(exc)) from None
         sizes = [t.numel() for t in originals]
         layout = Layout.for_tensors(sizes, fractions, config.codecs, config.chunk_values,
-                                    config.aggregator)
+                                    config.aggregator, config.caps)
         if auxiliary:
             flat = torch.zeros(layout.numel, dtype=torch.float32)
             weight = 0.0

@@ -40,6 +40,7 @@ from .._codecs import Codec, CodecPolicy, choose_codec, codec_from_header
 from ._evidence import ReducerEvidence, chunk_digest, claims_bytes
 from ._messages import MAX_SEGMENTS, Segment
 from ._verify import ChunkClaim
+from ._weights import MIN_CAPPED_CONTRIBUTORS, cap_shares, cap_to_median
 
 if TYPE_CHECKING:
     import torch
@@ -116,12 +117,16 @@ class Layout:
     ``fractions``: one per group member (the plan), at least one positive.
     ``aggregator``: how reducers combine the copies of a chunk; part of the
     digest unless it is the plain mean (so that the digest of a mean layout
-    is that of peers that know no other rule).
+    is that of peers that know no other rule).  ``caps``: under a rule other
+    than the mean, the weight caps every reducer applies, ``(max_share,
+    max_ratio)``, which verifiers check the claims against (None: not
+    checked); part of the digest when given.
     """
 
     def __init__(self, sizes: Sequence[int], codecs: Sequence[Codec],
                  fractions: Sequence[float], chunk_values: int,
-                 aggregator: Aggregator | None = None) -> None:
+                 aggregator: Aggregator | None = None,
+                 caps: tuple[float, float | None] | None = None) -> None:
         if len(sizes) != len(codecs):
             raise LocalProtocolError("one codec per tensor")
         if chunk_values < 1:
@@ -148,16 +153,22 @@ class Layout:
         preimage: list[Any] = [LAYOUT_VERSION, list(self.sizes),
                                [[c.name, c.meta()] for c in self.codecs],
                                list(self.fractions), self.chunk_values]
+        self.caps: tuple[float, float | None] | None = None
         if self.aggregator.name != "mean":
             preimage.append(self.aggregator.describe())
+            if caps is not None:
+                share, ratio = caps
+                self.caps = (float(share), None if ratio is None else float(ratio))
+                preimage.append(["caps", *self.caps])
         self.digest = hashlib.sha256(msgpack.packb(preimage)).digest()
 
     @classmethod
     def for_tensors(cls, sizes: Sequence[int], fractions: Sequence[float],
                     policy: CodecPolicy, chunk_values: int,
-                    aggregator: Aggregator | None = None) -> Layout:
+                    aggregator: Aggregator | None = None,
+                    caps: tuple[float, float | None] | None = None) -> Layout:
         return cls(sizes, [choose_codec(size, policy) for size in sizes], fractions,
-                   chunk_values, aggregator)
+                   chunk_values, aggregator, caps)
 
     def _cut(self, part: int, lo: int, hi: int) -> tuple[ChunkSpec, ...]:
         chunks: list[ChunkSpec] = []
@@ -282,59 +293,12 @@ class SenderState(enum.Enum):
 
 _FINISHED = (SenderState.DONE, SenderState.EXCLUDED, SenderState.FAILED)
 
-#: Contributors of positive weight a chunk needs before the share cap applies.
-MIN_CAPPED_CONTRIBUTORS = 3
 #: Values of a part a contributor's values must span before it is judged as
 #: an outlier.  Distances are judged over the whole part, not chunk by chunk:
 #: in a chunk of a few values (a small tensor: a bias, a norm's scale) honest
 #: distances do not concentrate, and one honest peer of four landed ten times
 #: the median distance by chance.
 MIN_OUTLIER_VALUES = 64
-
-
-def cap_shares(weights: Sequence[float], max_share: float) -> list[float]:
-    """``weights`` with none above ``max_share`` of their total, when at least
-    MIN_CAPPED_CONTRIBUTORS are positive (else unchanged).
-
-    The weights above the cap are lowered to one common value ``c`` that
-    holds exactly the share: ``c = max_share * sum(min(w, c))`` (water
-    filling); the others are unchanged.  With ``n`` positive weights the
-    share is at least ``1/n`` (all equal), so a solution always exists.
-    ``max_share >= 1`` changes nothing.
-    """
-    values = [float(w) for w in weights]
-    positive = sorted((w for w in values if w > 0), reverse=True)
-    n = len(positive)
-    if n < MIN_CAPPED_CONTRIBUTORS or max_share >= 1:
-        return values
-    share = max(float(max_share), 1.0 / n)
-    if positive[0] <= share * math.fsum(positive):
-        return values
-    cap = positive[0]
-    for k in range(1, n):  # k weights capped: c = share * (k c + the rest)
-        if k * share >= 1:  # cannot happen for share >= 1/n; defensive
-            break
-        cap = share * math.fsum(positive[k:]) / (1.0 - k * share)
-        if positive[k] <= cap:
-            break
-    return [min(w, cap) for w in values]
-
-
-def cap_to_median(weights: Sequence[float], ratio: float | None) -> list[float]:
-    """``weights`` with none above ``ratio`` times the lower median of the
-    positive ones (unchanged with fewer than two positive weights, or
-    ``ratio`` None).
-
-    The median is a weight of the majority: while fewer than half of the
-    contributors inflate their claims, every weight counts at most ``ratio``
-    typical honest weights, whatever it claims.
-    """
-    values = [float(w) for w in weights]
-    positive = sorted(w for w in values if w > 0)
-    if ratio is None or len(positive) < 2:
-        return values
-    cap = float(ratio) * positive[(len(positive) - 1) // 2]
-    return [min(w, cap) for w in values]
 
 
 @dataclasses.dataclass

@@ -69,9 +69,14 @@ from typing import TYPE_CHECKING, Any
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from .._aggregators import Aggregator
+from ._weights import capped
 
 if TYPE_CHECKING:
     import torch
+
+#: How far a claimed weight may lie above the caps' fixed point (relative to
+#: the chunk's largest weight): rounding of the reducer's water filling.
+CAPS_TOLERANCE = 1e-9
 
 #: The all-reduce's ``Layout`` and ``ChunkSpec`` (``_state``, which imports this
 #: module): only their attributes are used here.
@@ -79,8 +84,8 @@ Layout = Any
 ChunkSpec = Any
 
 __all__ = ["SKETCH_BUCKETS", "NORM_SLACK", "NONCE_SIZE", "TAU_SLACK", "RESIDUAL_SLACK",
-           "REPORT_TOLERANCE", "ChunkClaim", "Report", "Verdict", "sketch_plan", "SketchPlanner",
-           "verifiable", "deviates",
+           "REPORT_TOLERANCE", "CAPS_TOLERANCE", "ChunkClaim", "Report", "Verdict",
+           "sketch_plan", "SketchPlanner", "verifiable", "deviates",
            "contributor_terms", "sketch", "contributor_report", "sketch_bound", "tolerance",
            "check_part", "RoundVerifier"]
 
@@ -374,6 +379,9 @@ def check_part(layout: Layout, part: int, result: torch.Tensor,
     chunks = layout.chunks[part]
     if len(claims) != len(chunks):
         return Verdict("failed", reason="the claims do not cover the part's chunks")
+    beyond = _caps_broken(layout, claims)
+    if beyond:
+        return Verdict("failed", reason=beyond)
     contributors = sorted({j for claim in claims for j in claim.contributors})
     liars, missing = set(), set()
     known: dict[int, Report] = {}
@@ -420,6 +428,26 @@ def check_part(layout: Layout, part: int, result: torch.Tensor,
                        f"the contributors' sketches sum {excess:.3g} beyond what rounding "
                        f"and the unknown sketches allow")
     return Verdict("ok", frozenset(liars), frozenset(missing), excess)
+
+
+def _caps_broken(layout: Layout, claims: Sequence[ChunkClaim]) -> str:
+    """Why the claimed weights are not what the layout's caps allow ("" when
+    they are): every reducer applies the caps last, so its claims must be
+    their own fixed point (within CAPS_TOLERANCE of the largest weight)."""
+    if layout.caps is None:
+        return ""
+    share, ratio = layout.caps
+    for k, claim in enumerate(claims):
+        weights = list(claim.weights)
+        if len(weights) != len(claim.contributors):
+            return f"chunk {k}: one weight per contributor is claimed"
+        top = max(weights, default=0.0)
+        for j, claimed, allowed in zip(claim.contributors, weights,
+                                       capped(weights, share, ratio), strict=True):
+            if claimed - allowed > CAPS_TOLERANCE * top:
+                return (f"chunk {k}: member {j}'s weight {claimed:.6g} is beyond the caps "
+                        f"({allowed:.6g})")
+    return ""
 
 
 def _reported(claim: ChunkClaim, known: Mapping[int, Report], k: int

@@ -167,6 +167,12 @@ class AllReduceConfig:
     evidence_seconds: float = 60.0
     accusation_interval: float = 30.0
 
+    @property
+    def caps(self) -> tuple[float, float | None]:
+        """``(max_weight_share, max_weight_ratio)``: the weight caps, part of the
+        layout under a robust rule (verifiers check the claims against them)."""
+        return self.max_weight_share, self.max_weight_ratio
+
     def __post_init__(self) -> None:
         def check(ok: bool, what: str) -> None:
             if not ok:

@@ -179,7 +179,7 @@ async def test_an_uncommitted_sender_is_refused_at_once():
         await connect_all(nodes)
         group = make_group(nodes, clients={1}, tag=b"uncommitted")
         layout = Layout.for_tensors([3000], [1.0, 0.0], config.codecs, config.chunk_values,
-                                    config.aggregator)
+                                    config.aggregator, config.caps)
         replies = []
 
         async def rogue():
@@ -197,3 +197,38 @@ async def test_an_uncommitted_sender_is_refused_at_once():
         assert 1 in result.excluded and result.contributors() == {0}
         assert trio.current_time() - start < config.sender_timeout
         assert nodes[0].averaging.statistics()["senders_failed"] == 1
+
+
+async def test_a_reducer_that_counts_itself_beyond_the_caps_is_proven_a_liar():
+    """Member 3's reducer applies no weight cap and counts its own values 100
+    times: its result is consistent with its claims, but the claims break the
+    layout's caps, which no evidence can clear."""
+    from .test_service import inputs
+
+    class Greedy(PartReducer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.max_share, self.max_ratio = 1.0, None
+
+    async with open_memory_nodes(4) as nodes:
+        await connect_all(nodes)
+        nodes[3].averaging.part_reducer = Greedy
+        group = make_group(nodes, tag=b"greedy")
+        xs = inputs(4)
+        results = {}
+
+        async def one(i):
+            results[i] = await nodes[i].averaging.all_reduce(
+                group, xs[i], weight=100.0 if i == 3 else 1.0, config=CONFIG)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(one, i)
+        for i in range(3):
+            assert results[i].parts[3].check == "failed"
+            assert [p.check for r, p in enumerate(results[i].parts) if r not in (i, 3)] \
+                == ["ok"] * 2
+            assert nodes[i].flags.count(nodes[3].peer_id, "reducer_lie") == 1
+            assert nodes[i].flags.is_banned(nodes[3].peer_id, "run", time.time())
+            for r in range(3):
+                assert nodes[i].flags.count(nodes[r].peer_id) == 0

@@ -71,7 +71,9 @@ def scenario(rule: str, codec: str, seed: int, *, n: int = 4, numel: int = 6000,
              attack: str | None = None) -> tuple[Layout, torch.Tensor, list[float]]:
     gen = torch.Generator().manual_seed(seed)
     policy = CodecPolicy(large=codec, threshold=100)
-    layout = Layout.for_tensors([37, numel], [1.0 / n] * n, policy, 1024, RULES[rule])
+    # the caps reduce_part's reducers apply: checked under a robust rule
+    layout = Layout.for_tensors([37, numel], [1.0 / n] * n, policy, 1024, RULES[rule],
+                                caps=(0.5, 1.0))
     common = torch.randn(numel + 37, generator=gen)
     rows = torch.stack([common + 0.1 * torch.randn(numel + 37, generator=gen)
                         for _ in range(n)])
@@ -124,6 +126,39 @@ def test_a_result_that_is_not_the_rules_fails_every_time(rule, kind):
                 reports = reports_for(layout, part, forged, claims, decoded, nonce)
                 verdict = check_part(layout, part, forged, claims, reports)
                 assert verdict.status == "failed", (rule, kind, seed, part, verdict)
+
+
+def test_claimed_weights_beyond_the_layouts_caps_fail():
+    """A reducer that counts a contributor (itself, say) for more than the caps
+    allow fails, however consistent its result is with those weights."""
+    layout, rows, weights = scenario("centered_clip", "none", 2)
+    assert layout.caps == (0.5, 1.0)
+    greedy = weights[:]
+    greedy[0] = 100.0 * max(weights)
+    lo, hi = layout.part_bounds[0]
+    reducer = PartReducer(layout, 0, [1, 2, 3], rows[0, lo:hi].clone(), greedy[0], 0, 0.0,
+                          10.0, max_share=1.0, max_ratio=None)   # applies no cap
+    for j in (1, 2, 3):
+        reducer.begin(j, greedy[j], True, 0.0)
+    for chunk in layout.chunks[0]:
+        for j in (1, 2, 3):
+            reducer.add_chunk(j, chunk.header(), chunk.codec.encode(rows[j, chunk.start:
+                                                                        chunk.end]), 0.0)
+        reducer.finalize()
+    result, claims = reducer.result().clone(), reducer.claims
+    reports = reports_for(layout, 0, result, claims, rows[:, lo:hi].clone(), b"n" * 32)
+    verdict = check_part(layout, 0, result, claims, reports)
+    assert verdict.status == "failed" and "beyond the caps" in verdict.reason
+    # The same claims under the caps pass; a layout without caps checks none.
+    honest, honest_claims, decoded = reduce_part(layout, 0, rows, greedy)
+    assert check_part(layout, 0, honest, honest_claims,
+                      reports_for(layout, 0, honest, honest_claims, decoded, b"n" * 32)
+                      ).status == "ok"
+    uncapped = Layout.for_tensors([37, 6000], [0.25] * 4, CodecPolicy(large="none",
+                                                                      threshold=100),
+                                  1024, RULES["centered_clip"])
+    assert uncapped.caps is None and uncapped.digest != layout.digest
+    assert check_part(uncapped, 0, result, claims, reports).status == "ok"
 
 
 def test_a_radius_far_from_the_contributors_distances_fails():
