@@ -159,7 +159,9 @@ class Codec:
     payload's buffer; with ``out=`` it is written there).
     ``encoded_size(numel)``: payload bytes.  ``error_bound(t)``: per value, the
     documented bound of ``|decode(encode(t)) - t|`` (float64; for checks,
-    not the hot path), and ``max_abs_error(t)`` its maximum.
+    not the hot path), ``max_abs_error(t)`` its maximum and
+    ``error_norm(t)`` its Euclidean norm (cheap: verification reads it per
+    chunk).
     """
 
     name: ClassVar[str]
@@ -180,6 +182,13 @@ class Codec:
     def max_abs_error(self, t: torch.Tensor) -> float:
         bound = self.error_bound(t)
         return float(bound.max()) if bound.numel() else 0.0
+
+    def error_norm(self, t: torch.Tensor) -> float:
+        """The Euclidean norm of :meth:`error_bound` (codecs compute it without
+        the per-value tensor where they can)."""
+        import torch
+
+        return float(torch.linalg.vector_norm(self.error_bound(t)))
 
     def meta(self) -> dict[str, Any] | None:
         """The codec's parameters for a TENSOR header's ``meta`` (None: none)."""
@@ -218,6 +227,9 @@ class NoneCodec(Codec):
         import torch
 
         return torch.zeros(_as_float32(t).numel(), dtype=torch.float64)
+
+    def error_norm(self, t: torch.Tensor) -> float:
+        return 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,6 +273,20 @@ class Float16Codec(Codec):
         x = _as_float32(t).double().abs()
         rounding = torch.clamp(x * 2.0**-11, min=2.0**-25)
         return torch.where(x > FP16_MAX, x - FP16_MAX, rounding)
+
+    def error_norm(self, t: torch.Tensor) -> float:
+        """``|max(|x|, 2^-14) * 2^-11|`` while no value overflows (the same
+        bound as :meth:`error_bound`, in two float32 passes and a norm)."""
+        import torch
+
+        x = _as_float32(t)
+        if x.numel() == 0:
+            return 0.0
+        low, high = torch.aminmax(x)
+        if max(-float(low), float(high)) > FP16_MAX:
+            return super().error_norm(t)
+        magnitude = torch.clamp_(torch.abs(x), min=2.0**-14)
+        return float(torch.linalg.vector_norm(magnitude, dtype=torch.float64)) * 2.0**-11
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,7 +73,10 @@ def flagged(node: Any, run_id: str | None = None) -> dict[str, dict[str, int]]:
 JOIN_BARRIER = 30.0
 
 #: The roles :func:`train_swarm` knows.
-ROLES = ("honest", "late", "inflater", "scaler", "liar", "liar0", "lying_reducer")
+ROLES = ("honest", "late", "inflater", "scaler", "liar", "liar0", "lying_reducer",
+         "sign_flip", "scale", "noise", "alie")
+#: The roles that corrupt the values they send every round (``p2pdl.training.ATTACKS``).
+_VALUE_ROLES = ("inflater", "scaler", "sign_flip", "scale", "noise", "alie")
 
 
 @dataclasses.dataclass
@@ -130,9 +133,10 @@ class SwarmOutcome:
     def attack_rounds(self, index: int) -> list[int]:
         """The epochs in which attacker ``index``'s attack reached the honest peers.
 
-        An inflater or a scaler: every round in which an honest peer took its
-        values (both send corrupted gradients every round: flipped, or scaled;
-        the inflater also inflates its weight in its ``inflated_epochs``); a
+        An inflater, a scaler or another attacker on values (``sign_flip``,
+        ``scale``, ``noise``, ``alie``): every round in which an honest peer
+        took its values (each sends corrupted gradients every round; the
+        inflater also inflates its weight in its ``inflated_epochs``); a
         liar, whose attack is its reports and its offered state rather than
         values in a round: the epochs it claimed, once the honest peers heard
         the claim (they flagged it ``epoch_ahead``).  Empty: the attack was
@@ -140,7 +144,7 @@ class SwarmOutcome:
         its values, once an honest check proved its part a lie (``reducer_lie``).
         """
         role, stats = self.roles[index], self.stats[index]
-        if role in ("inflater", "scaler"):
+        if role in _VALUE_ROLES:
             return self.rounds_with(index)
         if role in ("liar", "liar0"):
             heard = self.flags_on(index).get("epoch_ahead", 0) > 0
@@ -204,6 +208,8 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
     (honest, starts once the others reached ``late_at``, from parameters
     shifted by 1.0: only a download can make it match); ``inflater``
     (:class:`WeightInflater`); ``scaler`` (:class:`GradientScaler`, -100);
+    ``sign_flip``, ``scale``, ``noise``, ``alie`` (as ``p2pdl.training.ATTACKS``
+    makes them);
     ``liar`` (:class:`EpochLiar`, lying from epoch
     1, once the swarm has stepped together) and ``liar0`` (lying from its
     first step).  Training starts once every peer (but ``late``) counts all the
@@ -234,6 +240,8 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
                 drivers[i] = EpochLiar(opt, from_epoch=1 if roles[i] == "liar" else 0)
             elif roles[i] == "lying_reducer":
                 drivers[i] = LyingReducer(opt)
+            elif roles[i] in ATTACKS:   # sign_flip, scale, noise, alie
+                drivers[i] = ATTACKS[roles[i]](opt)
             else:
                 drivers[i] = opt
 

@@ -74,6 +74,9 @@ def test_fp16_error_is_within_its_documented_bound(t):
     assert bool((error(t, y) <= bound).all())
     assert bool((y.abs() <= FP16_MAX).all())
     assert torch.equal(Float16Codec().error_bound(t), bound)
+    # Its norm, computed without the per-value tensor, is the same bound's.
+    assert Float16Codec().error_norm(t) == pytest.approx(
+        float(torch.linalg.vector_norm(bound)), rel=1e-6, abs=1e-30)
 
 
 @settings(max_examples=300, deadline=None)

@@ -225,3 +225,22 @@ def test_a_lying_reducer_is_proven_a_liar_and_banned_with_the_defaults(task, hon
     assert not any(accusations & set(outcome.flags[i].get(peer, {}))
                    for i in outcome.honest() for peer in honest_ids), outcome.flags
     assert not any(honest_ids & set(outcome.bans[i]) for i in outcome.honest()), outcome.bans
+
+
+@pytest.mark.parametrize("attack", ["scale", "noise", "alie"])
+def test_an_attacker_on_values_leaves_the_honest_peers_on_course_with_the_defaults(
+        task, honest_run, attack):
+    """One attacker of four with the defaults and no flags (CenteredClip with
+    tau auto, verification, worker momentum): gradients x -20, Gaussian noise
+    x 1000, or ALIE (mean - 1.5 std of its own gradients).  The honest peers
+    stay bit-identical, within ATTACK_BOUND of the honest run, and accuse
+    nobody honest."""
+    outcome = run_scenario(task, ["honest", "honest", "honest", attack], f"values-{attack}")
+    check_honest_peers(outcome, honest_run, ATTACK_BOUND)
+    check_attacks_mounted(outcome)
+    honest_ids = {outcome.peer_ids[i] for i in outcome.honest()}
+    assert not any(honest_ids & set(outcome.bans[i]) for i in outcome.honest()), outcome.bans
+    accusations = {"reducer_lie", "report_lie", "reducer_check_failed", "outlier_values",
+                   "equivocation", "false_accusation"}
+    assert not any(accusations & set(outcome.flags[i].get(peer, {}))
+                   for i in outcome.honest() for peer in honest_ids), outcome.flags

@@ -348,8 +348,8 @@ def _rounding(chunk: ChunkSpec, result: torch.Tensor, contributors: int, distanc
 
     lo = chunk.start - chunk.part_start
     values = result[lo:lo + chunk.count]
-    codec = float(torch.linalg.vector_norm(chunk.codec.error_bound(values)))
-    magnitude = float(torch.linalg.vector_norm(values.to(torch.float64))) \
+    codec = chunk.codec.error_norm(values)
+    magnitude = float(torch.linalg.vector_norm(values, dtype=torch.float64)) \
         + math.sqrt(contributors) * distance
     return codec + FLOAT32_ULPS * (contributors + 1) * _FLOAT32_EPSILON * magnitude
 

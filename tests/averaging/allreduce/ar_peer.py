@@ -8,7 +8,8 @@ Prints ``{"peer_id": ..., "addr": ...}``, then reads one JSON line:
 and joins the all-reduce, but stops half-way -- it prints ``{"event": MODE}``
 and waits to be killed:
 
-* ``scatter``: after sending the first chunk of its values to each reducer;
+* ``scatter``: after sending the first chunk of its values to each reducer
+  (its own reducer sends no average);
 * ``gather``: once the averages of every other part are in (so every reducer
   has all its values) and its own part's first averaged chunk went to every
   sender.
@@ -55,6 +56,10 @@ async def stop_scatter(self, stream, session, r, sent, pending) -> None:  # noqa
     await trio.sleep_forever()
 
 
+async def hold_results(self, stream, session, sender) -> None:  # noqa: ANN001
+    await trio.sleep_forever()
+
+
 async def stop_gather(self, stream, session, sender) -> None:  # noqa: ANN001
     reducer = session.reducer
     while reducer.final < 1:
@@ -74,6 +79,9 @@ stop_gather.sent = 0
 async def main(mode: str) -> None:
     if mode == "scatter":
         service.AllReduceService._send_values = stop_scatter
+        # Killed before its own part is averaged, however fast the others' values
+        # arrive: its reducer sends no average (a race the test must not run).
+        service.AllReduceService._send_results = hold_results
     else:
         service.AllReduceService._send_results = stop_gather
     async with p2pdl.open_node(loopback_config()) as node:
