@@ -33,7 +33,8 @@ __all__ = [
 
 #: The attacks of ``p2pdl train --attack`` and ``p2pdl demo --attacker``: the
 #: keys of ``p2pdl.training.ATTACKS``, which imports torch (the parsers do not).
-ATTACK_KINDS = ("sign_flip", "scale", "noise", "inflate", "alie", "lying_reducer", "epoch_liar")
+ATTACK_KINDS = ("sign_flip", "scale", "noise", "inflate", "alie", "lying_reducer", "equivocate",
+                "epoch_liar")
 
 #: Where a peer listens unless told otherwise: a free port on every interface.
 DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/0"

@@ -74,7 +74,7 @@ JOIN_BARRIER = 30.0
 
 #: The roles :func:`train_swarm` knows.
 ROLES = ("honest", "late", "inflater", "scaler", "liar", "liar0", "lying_reducer",
-         "sign_flip", "scale", "noise", "alie")
+         "equivocate", "sign_flip", "scale", "noise", "alie")
 #: The roles that corrupt the values they send every round (``p2pdl.training.ATTACKS``).
 _VALUE_ROLES = ("inflater", "scaler", "sign_flip", "scale", "noise", "alie")
 
@@ -141,7 +141,8 @@ class SwarmOutcome:
         values in a round: the epochs it claimed, once the honest peers heard
         the claim (they flagged it ``epoch_ahead``).  Empty: the attack was
         never mounted.  A lying reducer: the rounds in which an honest peer took
-        its values, once an honest check proved its part a lie (``reducer_lie``).
+        its values, once an honest check proved its part a lie (``reducer_lie``);
+        an equivocating one, once an honest peer proved it (``equivocation``).
         """
         role, stats = self.roles[index], self.stats[index]
         if role in _VALUE_ROLES:
@@ -151,6 +152,9 @@ class SwarmOutcome:
             return sorted(stats.get("lied_epochs", ())) if heard else []
         if role == "lying_reducer":   # its shifted part reached an honest peer's check
             caught = self.flags_on(index).get("reducer_lie", 0) > 0
+            return self.rounds_with(index) if caught else []
+        if role == "equivocate":   # two of its signed results reached honest peers
+            caught = self.flags_on(index).get("equivocation", 0) > 0
             return self.rounds_with(index) if caught else []
         return []
 
@@ -208,8 +212,8 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
     (honest, starts once the others reached ``late_at``, from parameters
     shifted by 1.0: only a download can make it match); ``inflater``
     (:class:`WeightInflater`); ``scaler`` (:class:`GradientScaler`, -100);
-    ``sign_flip``, ``scale``, ``noise``, ``alie`` (as ``p2pdl.training.ATTACKS``
-    makes them);
+    ``sign_flip``, ``scale``, ``noise``, ``alie``, ``equivocate`` (as
+    ``p2pdl.training.ATTACKS`` makes them);
     ``liar`` (:class:`EpochLiar`, lying from epoch
     1, once the swarm has stepped together) and ``liar0`` (lying from its
     first step).  Training starts once every peer (but ``late``) counts all the
@@ -240,7 +244,7 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
                 drivers[i] = EpochLiar(opt, from_epoch=1 if roles[i] == "liar" else 0)
             elif roles[i] == "lying_reducer":
                 drivers[i] = LyingReducer(opt)
-            elif roles[i] in ATTACKS:   # sign_flip, scale, noise, alie
+            elif roles[i] in ATTACKS:   # sign_flip, scale, noise, alie, equivocate
                 drivers[i] = ATTACKS[roles[i]](opt)
             else:
                 drivers[i] = opt

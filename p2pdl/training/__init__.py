@@ -47,7 +47,7 @@ from ._strategies import Strategy as Strategy
 from .config import OptimizerConfig as OptimizerConfig
 
 _LAZY = ("GradientScaler", "GaussianNoise", "WeightInflater", "ALIE", "LyingReducer",
-         "EpochLiar", "ATTACKS")
+         "Equivocator", "EpochLiar", "ATTACKS")
 
 
 def __getattr__(name: str) -> object:

@@ -38,7 +38,7 @@ from ._optimizer import Optimizer
 from .config import MAX_STEP_SAMPLES
 
 __all__ = ["GradientScaler", "GaussianNoise", "WeightInflater", "ALIE", "LyingReducer",
-           "EpochLiar", "ATTACKS"]
+           "Equivocator", "EpochLiar", "ATTACKS"]
 
 logger = logging.getLogger(__name__)
 
@@ -286,17 +286,67 @@ class LyingReducer(_Attacker):
     def __init__(self, optimizer: Optimizer, *, shift: float = 10.0) -> None:
         self.optimizer = optimizer
         self.shift = float(shift)
-        node: Any = optimizer.node
-        trio_node = getattr(node, "trio_node", node)
-        reducer = _shifting_reducer(self.shift)
-        portal = getattr(node, "portal", None)
-        if portal is not None:
-            portal.run_sync(lambda: setattr(trio_node.averaging, "part_reducer", reducer))
-        else:
-            trio_node.averaging.part_reducer = reducer
+        _install_reducer(optimizer, _shifting_reducer(self.shift))
 
     def step(self, batch_size: int | None = None) -> bool:
         return self.optimizer.step(batch_size=batch_size)
+
+
+class Equivocator(_Attacker):
+    """A member that sends honest values and, as a reducer, averages its part
+    honestly but sends one member (the lowest-indexed other contributor) a
+    result with one value changed, under its own signature.  A modified
+    client: it replaces the reducer class of its own node's all-reduce
+    (``AllReduceService.part_reducer``).  The members compare their signed
+    results after the round: every one that sees both drops the part and
+    bans it (``equivocation``), and in a certificate run the proof travels
+    to every member of the run."""
+
+    def __init__(self, optimizer: Optimizer) -> None:
+        self.optimizer = optimizer
+        _install_reducer(optimizer, _equivocating_reducer())
+
+    def step(self, batch_size: int | None = None) -> bool:
+        return self.optimizer.step(batch_size=batch_size)
+
+
+def _install_reducer(optimizer: Optimizer, reducer: type) -> None:
+    """Make ``reducer`` the class of the reducers of ``optimizer``'s node."""
+    node: Any = optimizer.node
+    trio_node = getattr(node, "trio_node", node)
+    portal = getattr(node, "portal", None)
+    if portal is not None:
+        portal.run_sync(lambda: setattr(trio_node.averaging, "part_reducer", reducer))
+    else:
+        trio_node.averaging.part_reducer = reducer
+
+
+def _equivocating_reducer() -> type:
+    from ..averaging import PartReducer
+
+    class EquivocatingReducer(PartReducer):
+        """A reducer whose first chunk, as sent to one member, has its first
+        byte flipped (one value changed: the fp16 or float32 lowest bits)."""
+
+        def _victim(self) -> int | None:
+            others = sorted(self.receivers())
+            return others[0] if others else None
+
+        def payload_for(self, sender: int, k: int) -> bytes | memoryview:
+            payload = super().payload_for(sender, k)
+            if k != 0 or sender != self._victim() or not len(payload):
+                return payload
+            changed = bytearray(payload)
+            changed[0] ^= 1
+            return bytes(changed)
+
+        def digest_for(self, sender: int) -> bytes:
+            if sender != self._victim():
+                return super().digest_for(sender)
+            return self.digest_of([self.payload_for(sender, k)
+                                   for k in range(len(self.payloads))])
+
+    return EquivocatingReducer
 
 
 def _shifting_reducer(shift: float) -> type:
@@ -333,5 +383,6 @@ ATTACKS: dict[str, Callable[[Optimizer], Any]] = {
     "inflate": lambda opt: WeightInflater(opt),
     "alie": lambda opt: ALIE(opt, z=1.5),
     "lying_reducer": lambda opt: LyingReducer(opt, shift=10.0),
+    "equivocate": lambda opt: Equivocator(opt),
     "epoch_liar": lambda opt: EpochLiar(opt, from_epoch=2),
 }

@@ -244,3 +244,21 @@ def test_an_attacker_on_values_leaves_the_honest_peers_on_course_with_the_defaul
                    "equivocation", "false_accusation"}
     assert not any(accusations & set(outcome.flags[i].get(peer, {}))
                    for i in outcome.honest() for peer in honest_ids), outcome.flags
+
+
+def test_an_equivocating_reducer_is_banned_on_its_signatures_in_a_certificate_run(
+        task, honest_run):
+    """A member whose reducer sends one member a result other than the
+    others' (``Equivocator``), in a certificate run: the members compare their
+    signed results, drop the part alike and ban it (``equivocation``); the
+    proof is published under the run's accusation key."""
+    outcome = run_scenario(task, ["honest", "honest", "honest", "equivocate"],
+                           "equivocate", certificates=True)
+    check_honest_peers(outcome, honest_run, ATTACK_BOUND)
+    check_attacks_mounted(outcome)
+    liar = outcome.of("equivocate")
+    banned_by = [i for i in outcome.honest() if outcome.peer_ids[liar] in outcome.bans[i]]
+    assert len(banned_by) == 3, (outcome.bans, outcome.allreduce)
+    assert sum(outcome.allreduce[i]["accusations_published"] for i in outcome.honest()) >= 1
+    honest_ids = {outcome.peer_ids[i] for i in outcome.honest()}
+    assert not any(honest_ids & set(outcome.bans[i]) for i in outcome.honest()), outcome.bans

@@ -38,10 +38,13 @@ class _AccusationSide:
         return self._dht is not None and self._members.credential(run_id) is not None
 
     def _watch(self, run_id: str) -> None:
-        """Read ``run_id``'s accusations from now on (a run of a recent group)."""
-        if self._shares_accusations(run_id) and run_id not in self._board.watched():
-            self._board.watch(run_id)
-            self._board_changed.set()
+        """Read ``run_id``'s accusations from now on (the run of a group this
+        node averages in, auxiliary or not)."""
+        if self._shares_accusations(run_id):
+            new = run_id not in self._board.watched()
+            self._board.watch(run_id)   # the most recent runs stay watched
+            if new:
+                self._board_changed.set()
 
     def _accuse(self, run_id: str, proof: Equivocation) -> None:
         """Publish ``proof`` in ``run_id`` (certificate runs; elsewhere the

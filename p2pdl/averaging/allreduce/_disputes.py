@@ -121,7 +121,6 @@ class _DisputeSide:
     async def _judge(self, session: _Session) -> None:
         """The verdicts on the parts this member checks; disputes those that
         failed with their reducers; flags what the outcome proves."""
-        self._watch(session.group.run_id)
         verifier = session.verifier
         if verifier is None:
             return

@@ -274,17 +274,21 @@ class _ReducerSide:
             session.finalize()
             session.progressed()
 
-    def _result_signature(self, session: _Session) -> bytes | None:
+    def _result_signature(self, session: _Session, digest: bytes | None = None
+                          ) -> bytes | None:
         """This reducer's signature over its complete part's result digest
-        (None under a rule without a check); signed once per round."""
+        (``digest``, default its own; None under a rule without a check),
+        signed once per digest."""
         reducer = session.reducer
         assert reducer is not None and reducer.complete
         if not verifiable(session.layout.aggregator):
             return None
-        if session.result_signature is None:
-            session.result_signature = self._key.sign(
-                result_payload(session.group.group_id, session.me, reducer.digest()))
-        return session.result_signature
+        digest = reducer.digest() if digest is None else digest
+        signature = session.result_signatures.get(digest)
+        if signature is None:
+            signature = session.result_signatures[digest] = self._key.sign(
+                result_payload(session.group.group_id, session.me, digest))
+        return signature
 
     async def _send_results(self, stream: FramedStream, session: _Session, sender: int) -> None:
         """Send the averaged chunks as they become final, then ``ar.done``."""
@@ -293,9 +297,10 @@ class _ReducerSide:
         for k, chunk in enumerate(reducer.chunks):
             while reducer.final <= k:
                 await session.wait_progress()
-            await stream.send_tensor_chunk(chunk.header(), reducer.payloads[k])
+            await stream.send_tensor_chunk(chunk.header(), reducer.payload_for(sender, k))
         await stream.send_message(Done(reducer.segments(), reducer.taus(),
-                                       self._result_signature(session)))
+                                       self._result_signature(session,
+                                                              reducer.digest_for(sender))))
         # The sender ends the stream once it has read everything: wait for
         # that (briefly), so that a reducer that returns -- or exits -- right
         # after the round does not cut off averages still in flight.

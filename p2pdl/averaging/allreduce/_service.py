@@ -263,6 +263,7 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
                                           outlier_factor=config.outlier_factor,
                                           max_ratio=config.max_weight_ratio)
         self._register(session)
+        self._watch(group.run_id)   # its accusations are read from now on
         self._counters["rounds"] += 1
         receivers: dict[int, PartReceiver] = {}
         errors: dict[int, str] = {}

@@ -218,9 +218,10 @@ class _Session:
         # "unanswered", the contributors proven liars, and why
         self.disputes: dict[int, tuple[str, frozenset[int], str]] = {}
         # Signed results: this reducer's signature over its part's result
-        # digest, and what each member's ar.have said it holds: member ->
-        # part -> (result digest, its reducer's signature).
-        self.result_signature: bytes | None = None
+        # digest (by digest: one, unless a modified client equivocates), and
+        # what each member's ar.have said it holds: member -> part -> (result
+        # digest, its reducer's signature).
+        self.result_signatures: dict[bytes, bytes] = {}
         self.results_heard: dict[int, dict[int, tuple[bytes, bytes]]] = {}
 
     def progressed(self) -> None:

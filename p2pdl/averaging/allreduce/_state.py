@@ -691,12 +691,26 @@ class PartReducer:
         order, then of the claims (``ar.done``'s segments and radii): what
         every receiver of the complete part computes from what it got."""
         if self._result_digest is None or not self.complete:
-            digest = hashlib.sha256()
-            for payload in self.payloads:
-                digest.update(payload)
-            digest.update(claims_bytes(self.segments(), self.taus()))
-            self._result_digest = digest.digest()
+            self._result_digest = self.digest_of(self.payloads)
         return self._result_digest
+
+    def digest_of(self, payloads: Sequence[bytes | memoryview]) -> bytes:
+        """The result digest of ``payloads`` (one per chunk) under this part's claims."""
+        digest = hashlib.sha256()
+        for payload in payloads:
+            digest.update(payload)
+        digest.update(claims_bytes(self.segments(), self.taus()))
+        return digest.digest()
+
+    def payload_for(self, sender: int, k: int) -> bytes | memoryview:
+        """Chunk ``k``'s averaged payload as sent to ``sender``: the same for
+        every sender (a modified client may differ: equivocation, which the
+        signed results prove)."""
+        return self.payloads[k]
+
+    def digest_for(self, sender: int) -> bytes:
+        """The result digest of what ``sender`` receives (:meth:`digest`)."""
+        return self.digest()
 
     def evidence(self, group_id: bytes) -> ReducerEvidence:
         """What this reducer keeps to answer disputes once its part is

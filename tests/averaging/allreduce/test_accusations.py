@@ -14,7 +14,6 @@ from libp2p.peer.id import ID
 
 from p2pdl import Authority, CertificateRun, Role
 from p2pdl.averaging import AllReduceConfig, CodecPolicy, Group, GroupMemberInfo
-from p2pdl.averaging.allreduce import _service
 from p2pdl.averaging.allreduce._accusations import (
     ACCUSATIONS_PREFIX,
     MAX_ACCUSATIONS,
@@ -23,8 +22,7 @@ from p2pdl.averaging.allreduce._accusations import (
     Equivocation,
     equivocation_problem,
 )
-from p2pdl.averaging.allreduce._evidence import claims_bytes, result_payload
-from p2pdl.averaging.allreduce._messages import Done
+from p2pdl.averaging.allreduce._evidence import result_payload
 from p2pdl.testing import open_memory_nodes, wait_for_dht
 
 from .test_service import connect_all, inputs
@@ -79,42 +77,19 @@ def test_the_board_keeps_its_latest_proofs_and_checks_each_once():
     assert board.first_proof(proofs[0]) and not board.first_proof(proofs[0])
 
 
-def equivocate(monkeypatch, liar: int, victim: int) -> None:
-    """Member ``liar``, as a reducer, sends member ``victim`` a result other
-    than everyone else's (one value changed), under its own signature."""
-    honest = _service.AllReduceService._send_results
+def equivocate(node) -> None:
+    """``node``'s reducer sends the lowest-indexed other member a result other
+    than everyone else's (one value changed), under its own signature: the
+    ``equivocate`` attack's reducer (p2pdl.training.ATTACKS)."""
+    from p2pdl.training._attacks import _equivocating_reducer
 
-    async def send_results(self, stream, session, sender):
-        if session.me != liar or sender != victim:
-            return await honest(self, stream, session, sender)
-        reducer = session.reducer
-        payloads = []
-        for k, chunk in enumerate(reducer.chunks):
-            while reducer.final <= k:
-                await session.wait_progress()
-            payload = bytearray(reducer.payloads[k])
-            if k == 0:
-                payload[0] ^= 1
-            payloads.append(bytes(payload))
-            await stream.send_tensor_chunk(chunk.header(), payloads[-1])
-        digest = hashlib.sha256()
-        for payload in payloads:
-            digest.update(payload)
-        digest.update(claims_bytes(reducer.segments(), reducer.taus()))
-        signature = self._key.sign(result_payload(session.group.group_id, session.me,
-                                                  digest.digest()))
-        await stream.send_message(Done(reducer.segments(), reducer.taus(), signature))
-        with trio.move_on_after(5):
-            await stream.wait_peer_done()
-
-    monkeypatch.setattr(_service.AllReduceService, "_send_results", send_results)
+    node.averaging.part_reducer = _equivocating_reducer()
 
 
-async def test_a_reducer_that_equivocates_is_banned_by_every_member_on_its_signatures(
-        monkeypatch):
-    equivocate(monkeypatch, liar=3, victim=0)
+async def test_a_reducer_that_equivocates_is_banned_by_every_member_on_its_signatures():
     async with open_memory_nodes(4) as nodes:
         await connect_all(nodes)
+        equivocate(nodes[3])
         results, _ = await run_group(nodes, CONFIG, b"equivocate")
         flats = [torch.cat([t.flatten() for t in results[i].tensors]) for i in range(4)]
         for i in range(3):
@@ -136,8 +111,7 @@ async def test_a_reducer_that_equivocates_is_banned_by_every_member_on_its_signa
 
 
 async def test_a_proof_travels_to_a_member_outside_the_group_and_a_forged_one_bans_its_signer(
-        monkeypatch, autojump_clock):
-    equivocate(monkeypatch, liar=3, victim=0)
+        autojump_clock):
     authority = Authority.generate()
     config = AllReduceConfig(codecs=CONFIG.codecs, chunk_values=CONFIG.chunk_values)
     async with open_memory_nodes(6) as nodes:
@@ -146,6 +120,7 @@ async def test_a_proof_travels_to_a_member_outside_the_group_and_a_forged_one_ba
             cert = authority.issue(RUN, node.peer_id, Role.TRAINER, now=node.dht.now())
             node.membership.add_run(CertificateRun(RUN, authority.id, cert))
         members = nodes[:4]   # nodes[4]: a member of the run, not of the group
+        equivocate(members[3])
         for a in members:
             for b in members:
                 if a is not b:
