@@ -98,9 +98,10 @@ class AccusationBoard:
     MAX_ACCUSATIONS kept); ``pending()`` names the runs whose record changed
     since ``published(run_id)``; ``watch(run_id)`` adds a run to read (the
     MAX_WATCHED_RUNS most recent); ``unchecked(owner, proofs)`` filters
-    what a read brought to the proofs not checked before, and
+    what a read brought to the proofs not checked before,
     ``first_proof(proof)`` says whether a lie is proven for the first time
-    (each remembered, MAX_CHECKED_ACCUSATIONS at most)."""
+    (each remembered, MAX_CHECKED_ACCUSATIONS at most), and ``judge(owner,
+    record)`` sorts a record's new proofs into true and false."""
 
     def __init__(self) -> None:
         self._mine: dict[str, collections.OrderedDict[tuple[bytes, int, bytes],
@@ -152,6 +153,19 @@ class AccusationBoard:
         while len(self._proven) > MAX_CHECKED_ACCUSATIONS:
             self._proven.popitem(last=False)
         return True
+
+    def judge(self, owner: bytes, record: Accusations
+              ) -> tuple[list[Equivocation], list[tuple[Equivocation, str]]]:
+        """``owner``'s published ``record``, its proofs not checked before:
+        the true ones, and the false ones with what is wrong with each."""
+        true, false = [], []
+        for proof in self.unchecked(owner, record.equivocations):
+            problem = equivocation_problem(proof)
+            if problem is None:
+                true.append(proof)
+            else:
+                false.append((proof, problem))
+        return true, false
 
     def unchecked(self, owner: bytes, proofs: list[Equivocation]) -> list[Equivocation]:
         """The proofs of ``owner``'s record not checked before (now remembered)."""

@@ -15,7 +15,8 @@ import trio
 from libp2p.peer.id import ID
 
 from ...dht import Schema, owner_of
-from ._accusations import ACCUSATIONS_PREFIX, Accusations, Equivocation, equivocation_problem
+from ...errors import LocalProtocolError
+from ._accusations import ACCUSATIONS_PREFIX, Accusations, Equivocation
 from ._session import EQUIVOCATION_FLAG, FALSE_ACCUSATION_FLAG
 
 __all__ = ["_AccusationSide", "ACCUSATION_TTL", "ACCUSATIONS_SCHEMA"]
@@ -72,7 +73,7 @@ class _AccusationSide:
         try:
             stored = await dht.store(ACCUSATIONS_PREFIX + run_id, record,
                                      dht.now() + ACCUSATION_TTL, subkey=dht.own_subkey())
-        except Exception as exc:   # a local refusal: logged, tried again at the next change
+        except LocalProtocolError as exc:   # no node would store it: logged, not retried
             logger.warning("run %s: accusations not published: %s", run_id, exc)
             self._board.published(run_id)
             return
@@ -92,7 +93,7 @@ class _AccusationSide:
         found = await dht.get(ACCUSATIONS_PREFIX + run_id, latest=True)
         if found is None or not found.dictionary:
             return 0
-        new = 0
+        checked = 0
         now = self._clock()
         me = self._host.peer_id
         for subkey, entry in sorted(found.value.items()):
@@ -100,18 +101,17 @@ class _AccusationSide:
             record = entry.value
             if owner is None or owner == me or not isinstance(record, Accusations):
                 continue
-            for proof in self._board.unchecked(owner.to_bytes(), record.equivocations):
-                new += 1
-                problem = equivocation_problem(proof)
-                if problem is None:
-                    self._counters["accusations_upheld"] += 1
-                    accused = ID(proof.reducer)
-                    if accused != me and self._board.first_proof(proof):
-                        self._flags.flag(accused, run_id, EQUIVOCATION_FLAG, now,
-                                         f"proven by the two signed results {owner} published "
-                                         f"(group {proof.group_id.hex()[:8]}, part {proof.part})")
-                else:
-                    self._counters["accusations_false"] += 1
-                    self._flags.flag(owner, run_id, FALSE_ACCUSATION_FLAG, now,
-                                     f"it published an accusation that is false: {problem}")
-        return new
+            upheld, false = self._board.judge(owner.to_bytes(), record)
+            for proof in upheld:
+                accused = ID(proof.reducer)
+                if accused != me and self._board.first_proof(proof):   # one flag per lie
+                    self._flags.flag(accused, run_id, EQUIVOCATION_FLAG, now,
+                                     f"proven by the two signed results {owner} published "
+                                     f"(group {proof.group_id.hex()[:8]}, part {proof.part})")
+            for _, problem in false:
+                self._flags.flag(owner, run_id, FALSE_ACCUSATION_FLAG, now,
+                                 f"it published an accusation that is false: {problem}")
+            self._counters["accusations_upheld"] += len(upheld)
+            self._counters["accusations_false"] += len(false)
+            checked += len(upheld) + len(false)
+        return checked

@@ -75,6 +75,11 @@ def test_the_board_keeps_its_latest_proofs_and_checks_each_once():
     assert board.unchecked(b"owner", proofs[:4]) == proofs[3:4]
     assert board.unchecked(b"other", proofs[:1]) == proofs[:1]
     assert board.first_proof(proofs[0]) and not board.first_proof(proofs[0])
+    forged = Equivocation(proofs[0].group_id, 9, proofs[0].reducer, proofs[0].digests,
+                          proofs[0].signatures)
+    true, false = board.judge(b"third", Accusations([proofs[5], forged]))
+    assert true == [proofs[5]] and [p for p, _ in false] == [forged]
+    assert board.judge(b"third", Accusations([proofs[5], forged])) == ([], [])
 
 
 def equivocate(node) -> None:
