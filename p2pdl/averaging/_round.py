@@ -24,14 +24,14 @@ async def average_round(matchmaking: MatchmakingService, averaging: AllReduceSer
     ``group_options`` go to :meth:`MatchmakingService.form_group`
     (``target_group_size``, ``matchmaking_time``, ``auxiliary``,
     ``bandwidth``, ``reduce_rate``...); ``weight``, ``config`` and ``inplace``
-    to :meth:`AllReduceService.all_reduce`; the aggregation rule of
-    ``config`` (or the node's) goes to ``form_group`` too, so that the group
-    averages with one rule.  ``on_group(group)`` is called once
+    to :meth:`AllReduceService.all_reduce`; the aggregation rule and weight
+    caps of ``config`` (or the node's) go to ``form_group`` too
+    (``AllReduceConfig.aggregation_digest``), so that the group averages
+    with one rule and one set of caps.  ``on_group(group)`` is called once
     the group formed, before the all-reduce starts (on the trio thread).  Raises
     :class:`~p2pdl.errors.MatchmakingFailedError` when no group formed.
     """
-    aggregator = (config or averaging.config).aggregator
-    group_options.setdefault("aggregation", aggregator.digest())
+    group_options.setdefault("aggregation", (config or averaging.config).aggregation_digest())
     group = await matchmaking.form_group(run_id, epoch, **group_options)
     if on_group is not None:
         on_group(group)

@@ -411,3 +411,35 @@ def test_auto_tau_counts_the_medoid_so_a_heavier_third_sets_no_radius():
         assert radii == [pytest.approx(honest)]
         truth = (rows[0] * weights[0] + rows[1] * weights[1]) / (weights[0] + weights[1])
         assert float((out - truth).norm()) <= 9 / 17 * honest * 1.01
+
+
+def test_matchmaking_compares_the_rule_and_the_caps():
+    """``average_round`` hands matchmaking the config's aggregation digest: the
+    rule and, under a robust rule, the weight caps (part of the layout too)."""
+    from p2pdl.averaging import AllReduceConfig
+
+    default = AllReduceConfig()
+    assert AllReduceConfig(aggregator=Aggregator()).aggregation_digest() is None
+    assert default.aggregation_digest() == AllReduceConfig().aggregation_digest()
+    others = [AllReduceConfig(max_weight_share=0.4), AllReduceConfig(max_weight_ratio=None),
+              AllReduceConfig(max_weight_ratio=2.0),
+              AllReduceConfig(aggregator=Aggregator("centered_clip", tau=2.0))]
+    digests = {default.aggregation_digest()} | {c.aggregation_digest() for c in others}
+    assert len(digests) == 1 + len(others)
+    assert all(len(d) == 32 for d in digests)
+
+
+async def test_a_round_forms_groups_by_rule_and_caps():
+    from p2pdl.averaging import AllReduceConfig, average_round
+
+    seen = {}
+
+    class Matchmaking:
+        async def form_group(self, run_id, epoch, **options):
+            seen.update(options)
+            raise RuntimeError("stop here")
+
+    config = AllReduceConfig(max_weight_ratio=2.0)
+    with pytest.raises(RuntimeError):
+        await average_round(Matchmaking(), None, "run", 1, [], weight=1.0, config=config)
+    assert seen["aggregation"] == config.aggregation_digest()

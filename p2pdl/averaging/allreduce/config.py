@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+
+import msgpack
 
 from ...errors import ConfigError
 from ...service import is_int, is_number
@@ -172,6 +175,18 @@ class AllReduceConfig:
         """``(max_weight_share, max_weight_ratio)``: the weight caps, part of the
         layout under a robust rule (verifiers check the claims against them)."""
         return self.max_weight_share, self.max_weight_ratio
+
+    def aggregation_digest(self) -> bytes | None:
+        """What matchmaking compares (``form_group(aggregation=...)``): SHA-256
+        of the rule's description and the caps; None for the mean (what
+        peers that know no other rule send).  A leader refuses a joiner with
+        another (``mismatch``), so a group never mixes rules or caps."""
+        if self.aggregator.name == "mean":
+            return None
+        share, ratio = self.caps
+        return hashlib.sha256(msgpack.packb(
+            ["p2pdl/aggregator/2", self.aggregator.describe(),
+             ["caps", float(share), None if ratio is None else float(ratio)]])).digest()
 
     def __post_init__(self) -> None:
         def check(ok: bool, what: str) -> None:
