@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+from collections.abc import Mapping, Sequence
 from typing import Annotated
 
 import msgpack
@@ -31,7 +32,7 @@ from ._evidence import SIGNATURE_SIZE, result_payload, signed_by
 
 __all__ = ["ACCUSATIONS_PREFIX", "MAX_ACCUSATIONS", "MAX_CHECKED_ACCUSATIONS",
            "MAX_WATCHED_RUNS", "Equivocation", "Accusations", "AccusationBoard",
-           "equivocation_problem"]
+           "equivocation_problem", "find_equivocations"]
 
 #: DHT key prefix of a run's accusations: ``p2pdl/accusations/<run id>``.
 ACCUSATIONS_PREFIX = "p2pdl/accusations/"
@@ -83,6 +84,31 @@ def equivocation_problem(proof: Equivocation) -> str | None:
                          signature):
             return "a signature is not the reducer's over its digest"
     return None
+
+
+def find_equivocations(group_id: bytes, reducers: Sequence[bytes], digests: Mapping[int, bytes],
+                       signatures: Mapping[int, bytes],
+                       heard: Mapping[int, Mapping[int, tuple[bytes, bytes]]]
+                       ) -> dict[int, tuple[int, Equivocation]]:
+    """The parts whose reducer signed, for another member, a result other than
+    this member's: part -> (that member, the proof).
+
+    ``reducers``: each part's reducer (peer id bytes, by member index);
+    ``digests`` and ``signatures``: the result digest of each part this
+    member holds and its reducer's signature (parts it reduces itself left
+    out); ``heard``: member -> part -> (digest, signature) from its ``ar.have``.
+    A signature that does not verify proves nothing and is ignored."""
+    proofs: dict[int, tuple[int, Equivocation]] = {}
+    for j, results in sorted(heard.items()):
+        for r, (digest, signature) in sorted(results.items()):
+            mine = signatures.get(r)
+            if r in proofs or mine is None or digest == digests[r]:
+                continue
+            proof = Equivocation(group_id, r, reducers[r], [digests[r], digest],
+                                 [mine, signature])
+            if equivocation_problem(proof) is None:
+                proofs[r] = (j, proof)
+    return proofs
 
 
 def _fingerprint(owner: bytes, proof: Equivocation) -> bytes:

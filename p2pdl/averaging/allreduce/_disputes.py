@@ -20,7 +20,7 @@ from ...errors import (
     RemoteProtocolError,
 )
 from ...wire import FramedStream, TensorChunk, open_framed_stream
-from ._accusations import Equivocation, equivocation_problem
+from ._accusations import Equivocation, find_equivocations
 from ._evidence import (
     ReducerEvidence,
     chunk_digest,
@@ -181,23 +181,14 @@ class _DisputeSide:
 
     def _equivocations(self, session: _Session) -> dict[int, tuple[int, Equivocation]]:
         """The parts whose reducer signed another result for a member than for
-        this one (its ``ar.have`` said so, under the reducer's signature):
-        part -> (that member, the proof)."""
+        this one (its ``ar.have`` said so): part -> (that member, the proof)."""
         verifier = session.verifier
         assert verifier is not None
         group = session.group
-        proofs: dict[int, tuple[int, Equivocation]] = {}
-        for j, results in sorted(session.results_heard.items()):
-            for r, (digest, signature) in sorted(results.items()):
-                mine = verifier.signatures.get(r)
-                if r == session.me or r in proofs or mine is None \
-                        or digest == verifier.digests[r]:
-                    continue
-                proof = Equivocation(group.group_id, r, group.members[r].peer_id.to_bytes(),
-                                     [verifier.digests[r], digest], [mine, signature])
-                if equivocation_problem(proof) is None:
-                    proofs[r] = (j, proof)
-        return proofs
+        mine = {r: s for r, s in verifier.signatures.items() if r != session.me}
+        return find_equivocations(group.group_id,
+                                  [m.peer_id.to_bytes() for m in group.members],
+                                  verifier.digests, mine, session.results_heard)
 
     def _keep_evidence(self, session: _Session) -> ReducerEvidence | None:
         """What this reducer keeps to answer disputes (None: it verifies

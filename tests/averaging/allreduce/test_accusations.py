@@ -21,6 +21,7 @@ from p2pdl.averaging.allreduce._accusations import (
     Accusations,
     Equivocation,
     equivocation_problem,
+    find_equivocations,
 )
 from p2pdl.averaging.allreduce._evidence import result_payload
 from p2pdl.testing import open_memory_nodes, wait_for_dht
@@ -58,6 +59,26 @@ def test_two_signed_results_prove_an_equivocation_and_nothing_else_does():
     assert equivocation_problem(swapped) is not None
     assert equivocation_problem(Equivocation(b"g", 1, b"junk", [b"a", b"b"], [b"", b""]))
     assert equivocation_problem(Equivocation(b"g", 1, proof.reducer, [b"a"], [b""]))
+
+
+def test_a_member_finds_an_equivocation_in_what_the_others_say_they_hold():
+    keys = create_new_key_pair()
+    reducer = ID.from_pubkey(keys.public_key).to_bytes()
+    group = b"g" * 32
+
+    def signed(digest):
+        return digest, keys.private_key.sign(result_payload(group, 1, digest))
+
+    mine, theirs = signed(b"a" * 32), signed(b"b" * 32)
+    reducers = [b"", reducer]
+    found = find_equivocations(group, reducers, {1: mine[0]}, {1: mine[1]},
+                               {2: {1: mine}, 3: {1: theirs}})
+    assert list(found) == [1] and found[1][0] == 3
+    assert equivocation_problem(found[1][1]) is None
+    # the same result, a signature that is not the reducer's, a part not held
+    assert find_equivocations(group, reducers, {1: mine[0]}, {1: mine[1]},
+                              {2: {1: mine}, 3: {1: (b"b" * 32, mine[1])}}) == {}
+    assert find_equivocations(group, reducers, {}, {}, {3: {1: theirs}}) == {}
 
 
 def test_the_board_keeps_its_latest_proofs_and_checks_each_once():
