@@ -16,6 +16,9 @@ Two protocols, each a package of the same shape, and the pieces they share:
 * ``_codecs`` -- sans-IO: how tensors travel -- codecs ``none``, ``fp16`` and
   blockwise ``uint8``, their error bounds, strict decoding, and
   :func:`choose_codec` by size (:class:`CodecPolicy`).
+* ``_norms`` -- sans-IO: Euclidean norms of large float32 tensors summed in
+  float64 block by block (no float64 copy of the whole), for the codecs'
+  error bounds and the all-reduce's verification.
 * ``_round`` -- :func:`average_round`: form a group, then average with it.
 * ``config`` -- both protocols' settings under one import path.
 

@@ -62,6 +62,7 @@ import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ConfigError, LocalProtocolError, RemoteProtocolError
+from ._norms import norm64
 
 if TYPE_CHECKING:
     import torch
@@ -276,7 +277,7 @@ class Float16Codec(Codec):
 
     def error_norm(self, t: torch.Tensor) -> float:
         """``|max(|x|, 2^-14) * 2^-11|`` while no value overflows (the same
-        bound as :meth:`error_bound`, in two float32 passes and a norm)."""
+        bound as :meth:`error_bound`, blockwise: :func:`norm64`)."""
         import torch
 
         x = _as_float32(t)
@@ -285,8 +286,7 @@ class Float16Codec(Codec):
         low, high = torch.aminmax(x)
         if max(-float(low), float(high)) > FP16_MAX:
             return super().error_norm(t)
-        magnitude = torch.clamp_(torch.abs(x), min=2.0**-14)
-        return float(torch.linalg.vector_norm(magnitude, dtype=torch.float64)) * 2.0**-11
+        return norm64(x, floor=2.0**-14) * 2.0**-11
 
 
 @dataclasses.dataclass(frozen=True)

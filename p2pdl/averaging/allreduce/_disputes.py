@@ -92,15 +92,16 @@ class _DisputeSide:
                 claims[r] = receiver.claims
                 digests[r] = receiver.digest
 
-        def values(r: int) -> torch.Tensor:
-            """This member's values of part ``r`` as its reducer decoded them (a
-            new tensor: the verifier computes in it)."""
+        me, encoded = session.me, session.encoded   # (not the session: no cycle through it)
+
+        def values(r: int, own: torch.Tensor) -> torch.Tensor:
+            """This member's values of part ``r`` as its reducer decoded them,
+            written into ``own`` (the verifier computes in it)."""
             lo, hi = layout.part_bounds[r]
-            if r == session.me:
-                return flat[lo:hi].clone()
-            if r in session.encoded:
-                return decode_chunks(layout, r, session.encoded[r])
-            own = flat.new_empty(hi - lo)
+            if r == me:
+                return own.copy_(flat[lo:hi])
+            if r in encoded:
+                return decode_chunks(layout, r, encoded[r], out=own)
             for chunk in layout.chunks[r]:
                 a, b = chunk.start - lo, chunk.end - lo
                 piece = own[a:b]
@@ -110,7 +111,7 @@ class _DisputeSide:
 
         verifier = RoundVerifier(layout, session.group.group_id, session.me,
                                  secrets.token_bytes(NONCE_SIZE), results, claims, digests,
-                                 values)
+                                 values, self._scratch)
         for r in session.held:
             signature = self._result_signature(session) if r == session.me \
                 else receivers[r].signature

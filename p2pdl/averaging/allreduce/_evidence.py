@@ -130,17 +130,23 @@ def unpack_report(sketch: bytes, distances: Sequence[float]) -> Report | None:
     return Report(struct.unpack(f"<{SKETCH_BUCKETS}f", sketch), tuple(distances))
 
 
-def decode_chunks(layout: Layout, part: int, payloads: Sequence[bytes | memoryview]
-                  ) -> torch.Tensor:
+def decode_chunks(layout: Layout, part: int, payloads: Sequence[bytes | memoryview],
+                  out: torch.Tensor | None = None) -> torch.Tensor:
     """A sender's values of ``part`` as a reducer decodes its chunk payloads
     (the first ``len(payloads)`` chunks; zeros after them, where the sender
-    delivered nothing and so contributed nothing)."""
+    delivered nothing and so contributed nothing), in ``out`` (float32, the
+    part's size) if given, else in a new tensor."""
     import torch
 
-    out = torch.zeros(layout.part_numel(part), dtype=torch.float32)
+    numel = layout.part_numel(part)
+    if out is None:
+        out = torch.empty(numel, dtype=torch.float32)
+    done = 0
     for chunk, payload in zip(layout.chunks[part], payloads, strict=False):
         lo = chunk.start - chunk.part_start
         chunk.codec.decode(payload, chunk.count, out=out[lo:lo + chunk.count])
+        done = lo + chunk.count
+    out[done:numel].zero_()
     return out
 
 

@@ -196,9 +196,9 @@ class _ExchangeSide:
                 try:
                     mine = self._have(session)
                     await stream.send_message(mine)
-                    if mine.nonce and have.nonce:   # both verify: reports, the dialer's first
-                        self._hear_check(session, j, await self._receive_check(stream, j))
+                    if mine.nonce and have.nonce:   # both verify: reports both ways at once
                         await stream.send_message(self._check(session, j, have))
+                        self._hear_check(session, j, await self._receive_check(stream, j))
                 finally:
                     session.scopes.discard(scope)
                     self._exchanged(session, j)   # through, or given up: not waited for

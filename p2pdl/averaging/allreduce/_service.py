@@ -94,6 +94,7 @@ from ._state import (
     contributions,
     default_fractions,
 )
+from ._verify import Scratch
 from .config import MAX_EVIDENCE_ROUNDS, AllReduceConfig
 
 if TYPE_CHECKING:
@@ -176,6 +177,8 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
         self._waiting = 0
         self._waiting_by_peer: collections.Counter[Any] = collections.Counter()
         self._counters = dict.fromkeys(COUNTERS, 0)
+        #: Verification's buffers, kept from round to round.
+        self._scratch = Scratch()
 
     @property
     def config(self) -> AllReduceConfig:
@@ -320,6 +323,8 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
                 await self._judge(session)
         finally:
             self._unregister(session)
+            if session.verifier is not None:
+                session.verifier.close()
         return self._result(session, originals, receivers, errors, inplace, settlement)
 
     def _my_index(self, group: Group) -> int:

@@ -69,6 +69,7 @@ from typing import TYPE_CHECKING, Any
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from .._aggregators import Aggregator
+from .._norms import norm64
 from ._weights import capped
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ ChunkSpec = Any
 
 __all__ = ["SKETCH_BUCKETS", "NORM_SLACK", "NONCE_SIZE", "TAU_SLACK", "RESIDUAL_SLACK",
            "REPORT_TOLERANCE", "CAPS_TOLERANCE", "ChunkClaim", "Report", "Verdict",
-           "sketch_plan", "SketchPlanner", "verifiable", "deviates",
+           "sketch_plan", "SketchPlanner", "Scratch", "verifiable", "deviates",
            "contributor_terms", "sketch", "contributor_report", "sketch_bound", "tolerance",
            "check_part", "RoundVerifier"]
 
@@ -182,13 +183,16 @@ def sketch_plan(group_id: bytes, part: int, nonce: bytes, numel: int) -> torch.T
     counter mode is a keyed pseudorandom function: without the nonce the
     slots cannot be told from independent draws, and it runs at gigabytes
     per second where the machine has AES instructions.)"""
-    return SketchPlanner().plan(group_id, part, nonce, numel).clone()
+    import torch
+
+    return SketchPlanner().plan(group_id, part, nonce, numel).to(torch.int32, copy=True)
 
 
 class SketchPlanner:
     """:func:`sketch_plan` with its buffers kept from one plan to the next
     (fresh pages cost more than the plan's arithmetic): the tensor
-    :meth:`plan` returns is overwritten by the next call."""
+    :meth:`plan` returns (int16 on little-endian machines, the keystream's
+    words masked in place; else int32) is overwritten by the next call."""
 
     def __init__(self) -> None:
         self._stream = bytearray()
@@ -204,19 +208,62 @@ class SketchPlanner:
         if len(self._zeros) < 2 * numel:
             self._zeros = bytes(2 * numel)
             self._stream = bytearray(2 * numel + 15)   # (update_into wants a block to spare)
-            self._slots = torch.empty(numel, dtype=torch.int32)
-        assert self._slots is not None
+            self._slots = None if sys.byteorder == "little" \
+                else torch.empty(numel, dtype=torch.int32)
         key = hashlib.shake_256(_DOMAIN + len(group_id).to_bytes(1, "big") + group_id
                                 + part.to_bytes(2, "big") + nonce).digest(16)
         encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
         encryptor.update_into(memoryview(self._zeros)[:2 * numel], self._stream)
-        slots = self._slots[:numel]
-        if sys.byteorder == "little":
+        if sys.byteorder == "little":   # the slots in place of the keystream's words
             words = torch.frombuffer(self._stream, dtype=torch.int16, count=numel)
-            return torch.bitwise_and(words, 2 * SKETCH_BUCKETS - 1, out=slots)
+            return words.bitwise_and_(2 * SKETCH_BUCKETS - 1)
+        assert self._slots is not None
+        slots = self._slots[:numel]
         raw = torch.frombuffer(self._stream, dtype=torch.uint8, count=2 * numel)
         slots.copy_(raw[1::2] & 1).mul_(SKETCH_BUCKETS)
         return slots.add_(raw[0::2])
+
+
+class Scratch:
+    """Memory kept from one round's verification to the next: a
+    :class:`SketchPlanner` and float32 buffers for a member's values and
+    terms.  Fresh pages cost more than the arithmetic done in them (a page
+    fault takes microseconds in a virtual machine: ~10 ms for the 10 MB of a
+    part of 2.5M values), and every round needs the same sizes again.
+
+    :meth:`take` hands out a buffer (a free one large enough, else a new
+    one); :meth:`give` takes it back once its round is over.  At most
+    MAX_FREE buffers are kept free (the largest), so what it holds is bounded
+    by what the rounds that used it at once took."""
+
+    #: Free buffers kept at most.
+    MAX_FREE = 64
+
+    def __init__(self) -> None:
+        self.planner = SketchPlanner()
+        self._free: list[torch.Tensor] = []
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the free buffers."""
+        return sum(4 * b.numel() for b in self._free)
+
+    def take(self, numel: int) -> torch.Tensor:
+        """A float32 buffer of at least ``numel`` values (contents undefined):
+        the smallest free one large enough, else a new one of ``numel``."""
+        import torch
+
+        fits = [i for i, b in enumerate(self._free) if b.numel() >= numel]
+        if fits:
+            return self._free.pop(min(fits, key=lambda i: self._free[i].numel()))
+        return torch.empty(max(1, numel), dtype=torch.float32)
+
+    def give(self, buffers: Sequence[torch.Tensor]) -> None:
+        """Buffers :meth:`take` handed out, back for the next round."""
+        self._free.extend(buffers)
+        if len(self._free) > self.MAX_FREE:
+            self._free.sort(key=lambda b: b.numel(), reverse=True)
+            del self._free[self.MAX_FREE:]
 
 
 def deviates(claimed: Report, true: Report, bound: float | None) -> bool:
@@ -271,7 +318,7 @@ def contributor_terms(layout: Layout, part: int, values: torch.Tensor, result: t
             continue
         difference = torch.sub(values[lo:hi].to(torch.float32), result[lo:hi].to(torch.float32),
                                out=terms[lo:hi])
-        distance = float(torch.linalg.vector_norm(difference, dtype=torch.float64))
+        distance = norm64(difference)
         distances.append(distance)
         scale = 1.0 if claim.tau is None else max(float(claim.tau), distance)
         if scale > 0:
@@ -344,13 +391,11 @@ def tolerance(layout: Layout, part: int, result: torch.Tensor,
 def _rounding(chunk: ChunkSpec, result: torch.Tensor, contributors: int, distance: float
               ) -> float:
     """A bound of the norm of an honest result's rounding in ``chunk``."""
-    import torch
 
     lo = chunk.start - chunk.part_start
     values = result[lo:lo + chunk.count]
     codec = chunk.codec.error_norm(values)
-    magnitude = float(torch.linalg.vector_norm(values, dtype=torch.float64)) \
-        + math.sqrt(contributors) * distance
+    magnitude = norm64(values) + math.sqrt(contributors) * distance
     return codec + FLOAT32_ULPS * (contributors + 1) * _FLOAT32_EPSILON * magnitude
 
 
@@ -507,8 +552,12 @@ class RoundVerifier:
 
     Built once the member's round settled, with the parts it holds: for each,
     the result as it holds it, the reducer's claims (None: the reducer said
-    too little to be checked) and its digest; and ``values``, which gives
-    this member's own values of a part as its reducer decoded them.  It
+    too little to be checked) and its digest; and ``values``, which writes
+    this member's own values of a part, as its reducer decoded them, into the
+    float32 tensor it is given (of the part's size) and returns it.  Its
+    buffers come from ``scratch`` (a :class:`Scratch` kept by the caller
+    from round to round; a fresh one if None), and go back to it on
+    :meth:`close`.  It
     draws this member's nonce (``nonce``: a random NONCE_SIZE bytes from the
     caller), answers each other member's nonce with this member's reports on
     the parts it contributed to (:meth:`reports_for`), collects the others'
@@ -521,7 +570,8 @@ class RoundVerifier:
                  results: Mapping[int, torch.Tensor],
                  claims: Mapping[int, Sequence[ChunkClaim] | None],
                  digests: Mapping[int, bytes],
-                 values: Callable[[int], torch.Tensor]) -> None:
+                 values: Callable[[int, torch.Tensor], torch.Tensor],
+                 scratch: Scratch | None = None) -> None:
         self.layout = layout
         self.group_id = group_id
         self.me = me
@@ -532,7 +582,8 @@ class RoundVerifier:
         self._values = values
         #: part -> this member's terms and distances (the same for every nonce)
         self._terms: dict[int, tuple[torch.Tensor, tuple[float, ...]]] = {}
-        self._planner = SketchPlanner()
+        self._scratch = scratch if scratch is not None else Scratch()
+        self._buffers: list[torch.Tensor] = []
         #: part -> contributor -> its report (None: its digest differed from ours,
         #: or the report was malformed)
         self.heard: dict[int, dict[int, Report | None]] = {}
@@ -569,11 +620,15 @@ class RoundVerifier:
         if part not in self._terms:
             claims = self.claims[part]
             assert claims is not None
-            self._terms[part] = contributor_terms(self.layout, part, self._values(part),
+            numel = self.results[part].numel()
+            buffer = self._scratch.take(numel)
+            self._buffers.append(buffer)
+            values = self._values(part, buffer[:numel])
+            self._terms[part] = contributor_terms(self.layout, part, values,
                                                   self.results[part], claims, self.me,
                                                   inplace=True)
         terms, distances = self._terms[part]
-        plan = self._planner.plan(self.group_id, part, nonce, terms.numel())
+        plan = self._scratch.planner.plan(self.group_id, part, nonce, terms.numel())
         return Report(sketch(plan, terms), distances)
 
     def hear_reports(self, member: int, reports: Sequence[tuple[int, bytes, Report | None]]
@@ -606,6 +661,13 @@ class RoundVerifier:
         if any(self.me in c.contributors for c in self.part_claims(part)):
             reports[self.me] = self._report(part, self.nonce)
         return reports
+
+    def close(self) -> None:
+        """Give this verifier's buffers back to its scratch: its round is
+        over (its terms are computed again if it is asked for a report)."""
+        self._terms.clear()
+        buffers, self._buffers = self._buffers, []
+        self._scratch.give(buffers)
 
     def plan(self, part: int) -> torch.Tensor:
         """This member's sketch plan of ``part`` (a fresh tensor)."""

@@ -20,9 +20,11 @@ from p2pdl.averaging.allreduce._verify import (
     TAU_SLACK,
     ChunkClaim,
     Report,
+    Scratch,
     SketchPlanner,
     check_part,
     contributor_report,
+    sketch,
     sketch_bound,
     sketch_plan,
 )
@@ -266,8 +268,11 @@ def test_the_sketch_plan_is_fixed_bits_of_an_aes_keystream():
     assert sketch_plan(GROUP, 0, b"", 0).numel() == 0
     # a planner reuses its buffers and gives the same plans, longer or shorter
     planner = SketchPlanner()
-    assert torch.equal(planner.plan(GROUP, 0, b"\x00" * 32, 100000), big)
-    assert torch.equal(planner.plan(GROUP, 3, b"\x01" * 32, 20), slots)
+    assert torch.equal(planner.plan(GROUP, 0, b"\x00" * 32, 100000).int(), big)
+    assert torch.equal(planner.plan(GROUP, 3, b"\x01" * 32, 20).int(), slots)
+    # and its plans (int16, masked in place, on this machine) sketch alike
+    terms = torch.randn(100000)
+    assert sketch(planner.plan(GROUP, 0, b"\x00" * 32, 100000), terms) == sketch(big, terms)
     # a sketch is the signed sums per bucket
     values = torch.randn(20, dtype=torch.float64)
     layout = Layout.for_tensors([20], [1.0], CodecPolicy(), 1024, RULES["mean"])
@@ -277,6 +282,77 @@ def test_the_sketch_plan_is_fixed_bits_of_an_aes_keystream():
     for i, x in enumerate(u):
         expected[x % SKETCH_BUCKETS] += float(values.float()[i]) * (1 if x >> 8 & 1 else -1)
     assert report.sketch == pytest.approx(expected, abs=1e-6)
+
+
+def test_scratch_hands_out_buffers_again_and_keeps_a_bounded_number():
+    scratch = Scratch()
+    a, b = scratch.take(1000), scratch.take(10)
+    assert a.dtype == torch.float32 and a.numel() == 1000 and b.numel() == 10
+    scratch.give([a, b])
+    assert scratch.nbytes == 4 * 1010
+    again = scratch.take(500)   # the smallest free one large enough
+    assert again.data_ptr() == a.data_ptr()
+    assert scratch.take(5).data_ptr() == b.data_ptr()
+    assert scratch.take(2000).numel() == 2000 and scratch.nbytes == 0   # none fits: a new one
+    scratch.give([torch.empty(n + 1) for n in range(Scratch.MAX_FREE + 10)])
+    assert len(scratch._free) == Scratch.MAX_FREE
+    assert min(b.numel() for b in scratch._free) == 11   # the largest are kept
+
+
+async def test_a_round_leaves_no_reference_cycle_and_reuses_its_buffers():
+    """A finished round's session is freed as soon as the round returns, not
+    by the cyclic garbage collector (which may run only rounds later: each
+    round's vectors would pile up), and the next round's verification
+    computes in the buffers the last one gave back."""
+    import gc
+
+    from p2pdl.averaging import AllReduceConfig
+    from p2pdl.averaging.allreduce._session import _Session
+    from p2pdl.testing import open_memory_nodes
+
+    from .test_service import connect_all
+
+    async with open_memory_nodes(3) as nodes:
+        await connect_all(nodes)
+        config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000),
+                                 chunk_values=1024)
+        await run_group(nodes, config, b"cycle-0", seed=1)   # a first round: the buffers
+        scratch = nodes[0].averaging._scratch
+        before = {b.data_ptr() for b in scratch._free}
+        assert before
+        gc.collect()
+        gc.disable()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            await run_group(nodes, config, b"cycle-1", seed=2)
+            assert {b.data_ptr() for b in scratch._free} == before
+            gc.collect()
+            assert not [o for o in gc.garbage if isinstance(o, _Session)]
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+
+
+def test_norm64_is_the_float64_norm_and_decode_chunks_writes_where_asked():
+    from p2pdl.averaging._norms import BLOCK_VALUES, norm64
+    from p2pdl.averaging.allreduce._evidence import decode_chunks
+
+    x = torch.randn(3 * BLOCK_VALUES + 17, generator=torch.Generator().manual_seed(5))
+    assert norm64(x) == pytest.approx(float(torch.linalg.vector_norm(x.double())), rel=1e-12)
+    x[:100] = 1e-6
+    floored = torch.clamp(x.double().abs(), min=1e-3)
+    assert norm64(x, floor=1e-3) == pytest.approx(float(torch.linalg.vector_norm(floored)),
+                                                  rel=1e-12)
+    assert norm64(torch.zeros(0)) == 0.0
+    layout = Layout.for_tensors([3000], [1.0], CodecPolicy(large="fp16", threshold=100), 1024,
+                                RULES["mean"])
+    payloads = [chunk.codec.encode(x[chunk.start:chunk.end]) for chunk in layout.chunks[0]]
+    out = torch.full((3000,), 7.0)
+    assert decode_chunks(layout, 0, payloads[:2], out=out) is out   # the third undelivered
+    assert torch.equal(out, decode_chunks(layout, 0, payloads[:2]))
+    assert torch.equal(out[2048:], torch.zeros(952))
+    assert torch.allclose(out[:2048], x[:2048], atol=1e-2)
 
 
 def test_rules_without_a_check_are_unverifiable():
