@@ -62,7 +62,7 @@ import math
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import ConfigError, LocalProtocolError, RemoteProtocolError
-from ._norms import norm64
+from ._norms import norm_upper
 
 if TYPE_CHECKING:
     import torch
@@ -161,8 +161,8 @@ class Codec:
     ``encoded_size(numel)``: payload bytes.  ``error_bound(t)``: per value, the
     documented bound of ``|decode(encode(t)) - t|`` (float64; for checks,
     not the hot path), ``max_abs_error(t)`` its maximum and
-    ``error_norm(t)`` its Euclidean norm (cheap: verification reads it per
-    chunk).
+    ``error_norm(t)`` its Euclidean norm, or a bound of it within a small
+    factor (cheap: verification reads it per chunk).
     """
 
     name: ClassVar[str]
@@ -276,8 +276,11 @@ class Float16Codec(Codec):
         return torch.where(x > FP16_MAX, x - FP16_MAX, rounding)
 
     def error_norm(self, t: torch.Tensor) -> float:
-        """``|max(|x|, 2^-14) * 2^-11|`` while no value overflows (the same
-        bound as :meth:`error_bound`, blockwise: :func:`norm64`)."""
+        """While no value overflows, ``2^-11 * sqrt(|x|^2 + n * 2^-28)``
+        (:func:`norm_upper` for ``|x|``): at least the norm of
+        :meth:`error_bound`, ``|max(|x|, 2^-14) * 2^-11|``, and at most
+        ``sqrt(2)`` times it (where values are below ``2^-14``), read with
+        no temporary."""
         import torch
 
         x = _as_float32(t)
@@ -286,7 +289,7 @@ class Float16Codec(Codec):
         low, high = torch.aminmax(x)
         if max(-float(low), float(high)) > FP16_MAX:
             return super().error_norm(t)
-        return norm64(x, floor=2.0**-14) * 2.0**-11
+        return math.sqrt(norm_upper(x) ** 2 + x.numel() * 2.0**-28) * 2.0**-11
 
 
 @dataclasses.dataclass(frozen=True)

@@ -74,9 +74,10 @@ def test_fp16_error_is_within_its_documented_bound(t):
     assert bool((error(t, y) <= bound).all())
     assert bool((y.abs() <= FP16_MAX).all())
     assert torch.equal(Float16Codec().error_bound(t), bound)
-    # Its norm, computed without the per-value tensor, is the same bound's.
-    assert Float16Codec().error_norm(t) == pytest.approx(
-        float(torch.linalg.vector_norm(bound)), rel=1e-6, abs=1e-30)
+    # Its norm, computed without the per-value tensor, bounds the same
+    # bound's norm within sqrt(2) (and float32 sums' 0.2 %).
+    exact = float(torch.linalg.vector_norm(bound))
+    assert exact * (1 - 1e-9) <= Float16Codec().error_norm(t) <= math.sqrt(2) * exact * 1.002
 
 
 @settings(max_examples=300, deadline=None)

@@ -69,7 +69,7 @@ from typing import TYPE_CHECKING, Any
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from .._aggregators import Aggregator
-from .._norms import norm64
+from .._norms import norm64, norm_upper
 from ._weights import capped
 
 if TYPE_CHECKING:
@@ -395,7 +395,7 @@ def _rounding(chunk: ChunkSpec, result: torch.Tensor, contributors: int, distanc
     lo = chunk.start - chunk.part_start
     values = result[lo:lo + chunk.count]
     codec = chunk.codec.error_norm(values)
-    magnitude = norm64(values) + math.sqrt(contributors) * distance
+    magnitude = norm_upper(values) + math.sqrt(contributors) * distance
     return codec + FLOAT32_ULPS * (contributors + 1) * _FLOAT32_EPSILON * magnitude
 
 

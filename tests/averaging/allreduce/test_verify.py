@@ -335,7 +335,7 @@ async def test_a_round_leaves_no_reference_cycle_and_reuses_its_buffers():
 
 
 def test_norm64_is_the_float64_norm_and_decode_chunks_writes_where_asked():
-    from p2pdl.averaging._norms import BLOCK_VALUES, norm64
+    from p2pdl.averaging._norms import BLOCK_VALUES, norm64, norm_upper
     from p2pdl.averaging.allreduce._evidence import decode_chunks
 
     x = torch.randn(3 * BLOCK_VALUES + 17, generator=torch.Generator().manual_seed(5))
@@ -345,6 +345,14 @@ def test_norm64_is_the_float64_norm_and_decode_chunks_writes_where_asked():
     assert norm64(x, floor=1e-3) == pytest.approx(float(torch.linalg.vector_norm(floored)),
                                                   rel=1e-12)
     assert norm64(torch.zeros(0)) == 0.0
+    exact = float(torch.linalg.vector_norm(x.double()))
+    assert exact <= norm_upper(x) <= exact * (1 + 2e-3)
+    huge = torch.full((10,), 1e20)   # squares overflow float32: float64 then
+    assert norm_upper(huge) == pytest.approx(math.sqrt(10) * float(huge[0]), rel=1e-12)
+    from p2pdl.averaging import Float16Codec
+
+    exact_bound = float(torch.linalg.vector_norm(Float16Codec().error_bound(x)))
+    assert exact_bound <= Float16Codec().error_norm(x) <= math.sqrt(2) * exact_bound * 1.002
     layout = Layout.for_tensors([3000], [1.0], CodecPolicy(large="fp16", threshold=100), 1024,
                                 RULES["mean"])
     payloads = [chunk.codec.encode(x[chunk.start:chunk.end]) for chunk in layout.chunks[0]]
