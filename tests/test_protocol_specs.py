@@ -368,7 +368,7 @@ def test_allreduce_definitions_match_the_code():
     assert number(rows["REPORT_TOLERANCE"]) == ar_verify.REPORT_TOLERANCE
     assert number(rows["MAX_EVIDENCE_ROUNDS"]) == ar_config.MAX_EVIDENCE_ROUNDS
     from p2pdl.averaging.allreduce import _session as ar_session
-    for name in ("DONE_LINGER", "MAX_RECENT_GROUPS", "LIVENESS_POLL", "HAVE_GRACE"):
+    for name in ("DONE_LINGER", "MAX_RECENT_GROUPS", "LIVENESS_POLL", "HAVE_GRACE", "JOIN_WAIT"):
         assert number(rows[name]) == getattr(ar_session, name), name
     from p2pdl.averaging.allreduce import _accusations as ar_accusations
     from p2pdl.averaging.allreduce import _accusing as ar_accusing
@@ -401,7 +401,8 @@ def test_allreduce_messages_codes_and_layout_match_the_code():
     text = spec("allreduce.md")
     messages = section(text, "Messages")
     for message in (ar_messages.Begin, ar_messages.Done, ar_messages.Reject,
-                    ar_messages.Segment, ar_messages.Have, ar_messages.Check,
+                    ar_messages.Segment, ar_messages.Have, ar_messages.Reveal,
+                    ar_messages.Joint, ar_messages.Check,
                     ar_messages.PartCheck, ar_messages.Dispute, ar_messages.SignedReport,
                     ar_messages.Proof, ar_messages.Shown, ar_accusations.Equivocation,
                     ar_accusations.Accusations):

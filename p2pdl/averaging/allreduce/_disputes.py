@@ -10,7 +10,6 @@ the state its methods use.
 from __future__ import annotations
 
 import logging
-import secrets
 from typing import TYPE_CHECKING
 
 import trio
@@ -74,8 +73,7 @@ class _DisputeSide:
                   originals: list[torch.Tensor]) -> RoundVerifier | None:
         """This member's checks of the round, once it settled (None: it checks
         nothing: auxiliary, ``verify`` off, or a rule without a check)."""
-        if session.auxiliary or not session.config.verify \
-                or not verifiable(session.layout.aggregator) or session.held is None:
+        if session.joint is None or session.held is None:
             return None
         layout, flat = session.layout, session.flat
         results, claims, digests = {}, {}, {}
@@ -109,9 +107,8 @@ class _DisputeSide:
                 chunk.codec.decode(bytes(chunk.codec.encode(piece)), chunk.count, out=piece)
             return own
 
-        verifier = RoundVerifier(layout, session.group.group_id, session.me,
-                                 secrets.token_bytes(NONCE_SIZE), results, claims, digests,
-                                 values, self._scratch)
+        verifier = RoundVerifier(layout, session.group.group_id, session.me, session.joint,
+                                 results, claims, digests, values, self._scratch)
         for r in session.held:
             signature = self._result_signature(session) if r == session.me \
                 else receivers[r].signature
@@ -127,6 +124,12 @@ class _DisputeSide:
             return
         group = session.group
         session.verdicts = verifier.verdicts()
+        withheld = verifier.joint.withheld
+        if withheld:
+            self._counters["nonces_withheld"] += len(withheld)
+            logger.info("all-reduce %s: member(s) %s committed to a secret and did not reveal "
+                        "it: left out of this member's joint nonce", group.group_id.hex()[:8],
+                        sorted(withheld))
         proofs = self._equivocations(session)
         for r, proof in proofs.items():
             why = (f"it signed two different results of its part (members "

@@ -1,6 +1,7 @@
 """The post-round exchange of the all-reduce service (``_service``):
-``ar.have`` both ways, and ``ar.check`` (the signed reports) when both
-members verify.
+``ar.have`` both ways, and, when both members verify, ``ar.reveal`` (the
+secrets of the joint nonce), ``ar.joint`` (each one's joint nonce) and
+``ar.check`` (the signed reports).
 
 :class:`_ExchangeSide` is a part of :class:`AllReduceService`, which holds
 the state its methods use.
@@ -9,6 +10,7 @@ the state its methods use.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import trio
 
@@ -28,14 +30,19 @@ from ._messages import (
     ALLREDUCE_PROTOCOL_ID,
     CHECK_MESSAGES,
     HAVE_MESSAGES,
+    JOINT_MESSAGES,
+    REVEAL_MESSAGES,
     Check,
     Have,
+    Joint,
     PartCheck,
     Reject,
+    Reveal,
 )
 from ._session import (
     DONE_LINGER,
     HAVE_GRACE,
+    JOIN_WAIT,
     LIVENESS_POLL,
     _Finished,
     _receive_message,
@@ -49,7 +56,7 @@ from ._state import (
     exchange_roles,
     settle_parts,
 )
-from ._verify import Report
+from ._verify import NONCE_SIZE, Report
 
 __all__ = ["_ExchangeSide"]
 
@@ -122,9 +129,9 @@ class _ExchangeSide:
                                                   "group or member")
                     self._heard(session, j, check_have_parts(reply.parts, session.layout))
                     self._hear_results(session, j, reply)
-                    if mine.nonce and reply.nonce:   # both verify: reports both ways
-                        await stream.send_message(self._check(session, j, reply))
-                        self._hear_check(session, j, await self._receive_check(stream, j))
+                    self._hear_commitment(session, j, reply)
+                    if mine.commitment and reply.commitment:   # both verify
+                        await self._verify_pair(session, stream, j, reply)
                     self._exchanged(session, j)
                     return True
                 except RemoteProtocolError:
@@ -135,6 +142,66 @@ class _ExchangeSide:
             logger.debug("all-reduce %s: no ar.have from member %d (%s): %s",
                          group.group_id.hex()[:8], j, peer, exc)
             return False
+        finally:
+            self._give_up(session, j)   # through or failed: not waited for in the joint nonce
+
+    async def _verify_pair(self, session: _Session, stream: FramedStream, j: int,
+                           theirs: Have) -> None:
+        """Both members of the pair verify: once this member's set of
+        committed members is closed, reveal its secret and hear member
+        ``j``'s; once the closed set revealed, tell ``j`` this member's joint
+        nonce and hear ``j``'s; then reports both ways, each for the other's
+        joint nonce (protocols/allreduce.md, Verification)."""
+        verifier, joint = session.verifier, session.joint
+        assert verifier is not None and joint is not None
+        dial, answer = exchange_roles(session.group, session.me)
+        partners = sorted(set(dial) | set(answer))
+        reveal_by = session.settled_at + session.config.reducer_timeout
+        await self._until(session, partners, lambda: joint.committed(partners), reveal_by)
+        joint.close()
+        await stream.send_message(Reveal(joint.secret))
+        reveal = await _receive_message(stream, REVEAL_MESSAGES, "ar.reveal", "member")
+        assert isinstance(reveal, Reveal)
+        if not joint.reveal(j, reveal.nonce):
+            raise RemoteProtocolError("its ar.reveal is not the nonce it committed to")
+        session.progressed()
+        await self._until(session, partners, joint.revealed,
+                          trio.current_time() + JOIN_WAIT)
+        await stream.send_message(Joint(verifier.nonce))
+        wanted = await _receive_message(stream, JOINT_MESSAGES, "ar.joint", "member")
+        assert isinstance(wanted, Joint)
+        if len(wanted.nonce) != NONCE_SIZE:
+            raise RemoteProtocolError("an ar.joint must carry a nonce of NONCE_SIZE bytes")
+        self._counters["verification_bytes_sent"] += 2 * NONCE_SIZE
+        await stream.send_message(self._check(session, j, theirs, wanted.nonce))
+        self._hear_check(session, j, await self._receive_check(stream, j))
+
+    async def _until(self, session: _Session, partners: list[int], ready: Callable[[], bool],
+                     deadline: float) -> None:
+        """Wait until ``ready()`` or ``deadline``; partners that left, or
+        that this member's reducer excluded as silent or broken, are given up
+        on meanwhile."""
+        members = session.group.members
+        joint = session.joint
+        with trio.move_on_at(deadline):
+            while not ready():
+                for j in partners:
+                    if j in session.unheeded or not self._host.is_connected(members[j].peer_id):
+                        if joint is not None and j not in joint.gone:
+                            joint.gone.add(j)
+                            session.progressed()
+                if ready():
+                    break
+                with trio.move_on_after(LIVENESS_POLL):
+                    await session.wait_progress()
+
+    def _give_up(self, session: _Session, j: int) -> None:
+        """Member ``j``'s exchange ended: its commitment and secret are in, or
+        never will be."""
+        joint = session.joint
+        if joint is not None and j not in joint.gone:
+            joint.gone.add(j)
+            session.progressed()
 
     def _settle(self, session: _Session) -> Settlement:
         """Apply the exchange's rule to what this member heard (settle_parts)."""
@@ -183,6 +250,7 @@ class _ExchangeSide:
             session.have_streams.add(j)
             self._heard(session, j, parts)
             self._hear_results(session, j, have)
+            self._hear_commitment(session, j, have)
             with trio.CancelScope() as scope:
                 session.scopes.add(scope)
                 try:
@@ -196,11 +264,11 @@ class _ExchangeSide:
                 try:
                     mine = self._have(session)
                     await stream.send_message(mine)
-                    if mine.nonce and have.nonce:   # both verify: reports both ways at once
-                        await stream.send_message(self._check(session, j, have))
-                        self._hear_check(session, j, await self._receive_check(stream, j))
+                    if mine.commitment and have.commitment:   # both verify
+                        await self._verify_pair(session, stream, j, have)
                 finally:
                     session.scopes.discard(scope)
+                    self._give_up(session, j)
                     self._exchanged(session, j)   # through, or given up: not waited for
             with trio.move_on_after(DONE_LINGER):
                 await stream.wait_peer_done()
@@ -219,9 +287,23 @@ class _ExchangeSide:
             return Have(session.group.group_id, session.me, parts)
         digests = [verifier.digests[r] for r in parts]
         results = [verifier.signatures.get(r, b"") for r in parts]
-        self._counters["verification_bytes_sent"] += len(verifier.nonce) \
+        commitment = verifier.joint.commitment
+        self._counters["verification_bytes_sent"] += len(commitment) \
             + sum(map(len, digests)) + sum(map(len, results))
-        return Have(session.group.group_id, session.me, parts, digests, verifier.nonce, results)
+        return Have(session.group.group_id, session.me, parts, digests, b"", results,
+                    commitment)
+
+    def _hear_commitment(self, session: _Session, j: int, have: Have) -> None:
+        """Member ``j``'s commitment to its secret (none: it verifies nothing
+        with this member, and is not waited for)."""
+        joint = session.joint
+        if joint is None:
+            return
+        if len(have.commitment) == NONCE_SIZE and have.digests is not None:
+            joint.commit(j, have.commitment)
+        else:
+            joint.gone.add(j)
+        session.progressed()
 
     def _hear_results(self, session: _Session, j: int, have: Have) -> None:
         """The result digests member ``j`` holds and their reducers' signatures
@@ -235,18 +317,19 @@ class _ExchangeSide:
                                     in zip(have.parts, have.digests, have.results, strict=True)
                                     if signature}
 
-    def _check(self, session: _Session, j: int, have: Have) -> Check:
-        """This member's ``ar.check`` for member ``j``'s nonce."""
+    def _check(self, session: _Session, j: int, have: Have, nonce: bytes) -> Check:
+        """This member's ``ar.check`` for member ``j``'s joint ``nonce``."""
         verifier = session.verifier
         assert verifier is not None
         if have.digests is None or len(have.digests) != len(have.parts):
-            raise RemoteProtocolError("an ar.have with a nonce must name one digest per part")
-        reports = verifier.reports_for(j, have.nonce, have.parts, have.digests)
+            raise RemoteProtocolError("an ar.have with a commitment must name one digest per "
+                                      "part")
+        reports = verifier.reports_for(j, nonce, have.parts, have.digests)
         group_id = session.group.group_id
         checks = []
         for r, digest, report in reports:
             sketch = pack_sketch(report.sketch)
-            signature = self._key.sign(report_payload(group_id, r, session.me, have.nonce,
+            signature = self._key.sign(report_payload(group_id, r, session.me, nonce,
                                                       digest, sketch, report.distances))
             checks.append(PartCheck(r, digest, sketch, list(report.distances), signature))
         check = Check(group_id, session.me, checks)

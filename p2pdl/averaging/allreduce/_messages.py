@@ -27,9 +27,10 @@ from ..matchmaking.config import GROUP_ID_SIZE, MAX_CODE_LENGTH, MAX_DETAIL_LENG
 from ._evidence import CHUNK_DIGEST_SIZE, MAX_COMMITTED_CHUNKS, SIGNATURE_SIZE
 from ._verify import NONCE_SIZE, SKETCH_BUCKETS
 
-__all__ = ["ALLREDUCE_PROTOCOL_ID", "Begin", "Segment", "Done", "Reject", "Have", "PartCheck",
-           "Check", "SignedReport", "Dispute", "Shown", "Proof", "REJECT_CODES",
-           "SENDER_MESSAGES", "REDUCER_MESSAGES", "HAVE_MESSAGES", "CHECK_MESSAGES",
+__all__ = ["ALLREDUCE_PROTOCOL_ID", "Begin", "Segment", "Done", "Reject", "Have", "Reveal",
+           "Joint", "PartCheck", "Check", "SignedReport", "Dispute", "Shown", "Proof",
+           "REJECT_CODES", "SENDER_MESSAGES", "REDUCER_MESSAGES", "HAVE_MESSAGES",
+           "REVEAL_MESSAGES", "JOINT_MESSAGES", "CHECK_MESSAGES",
            "PROOF_MESSAGES", "LAYOUT_DIGEST_SIZE", "RESULT_DIGEST_SIZE", "MAX_WEIGHT",
            "MAX_SEGMENTS", "MAX_TAU"]
 
@@ -134,9 +135,11 @@ class Have(Message, tag="ar.have"):
     """After the round: the parts member ``sender`` completed (indices of
     members whose non-empty part it received whole, or reduced itself);
     ``digests``: the SHA-256 of each of those parts' result, in the order of
-    ``parts`` (None from r6 members); ``nonce``: the sender's verification
-    nonce (empty: it verifies nothing); ``results``: each of those parts'
-    reducer's signature over its digest (None from r9 members)."""
+    ``parts`` (None from r6 members); ``nonce``: a verification nonce of a
+    member before r12 (empty from r12 members); ``results``: each of those
+    parts' reducer's signature over its digest (None from r9 members);
+    ``commitment``: the commitment to the sender's secret nonce (empty: it
+    verifies nothing, or it is a member before r12)."""
 
     group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
     sender: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
@@ -147,6 +150,20 @@ class Have(Message, tag="ar.have"):
     nonce: Annotated[bytes, MaxLen(NONCE_SIZE)] = b""
     results: Annotated[list[Annotated[bytes, MaxLen(SIGNATURE_SIZE)]],
                        MaxLen(MAX_GROUP_SIZE)] | None = None
+    commitment: Annotated[bytes, MaxLen(NONCE_SIZE)] = b""
+
+
+class Reveal(Message, tag="ar.reveal"):
+    """The sender's secret nonce, once the members whose secrets make its
+    joint nonce are fixed (Verification)."""
+
+    nonce: Annotated[bytes, MaxLen(NONCE_SIZE)]
+
+
+class Joint(Message, tag="ar.joint"):
+    """The joint nonce the sender verifies with: the reports it wants are for it."""
+
+    nonce: Annotated[bytes, MaxLen(NONCE_SIZE)]
 
 
 class PartCheck(Message, tag="ar.part_check"):
@@ -216,7 +233,10 @@ class Proof(Message, tag="ar.proof"):
 SENDER_MESSAGES = MessageSet(Begin, Have, Dispute)
 REDUCER_MESSAGES = MessageSet(Done, Reject)
 HAVE_MESSAGES = MessageSet(Have, Reject)
-#: What either member of an exchange accepts once the ``ar.have`` are through.
+#: What either member of an exchange accepts once the ``ar.have`` are through,
+#: in turn.
+REVEAL_MESSAGES = MessageSet(Reveal)
+JOINT_MESSAGES = MessageSet(Joint)
 CHECK_MESSAGES = MessageSet(Check)
 #: What a disputing verifier accepts from the reducer.
 PROOF_MESSAGES = MessageSet(Proof, Reject)

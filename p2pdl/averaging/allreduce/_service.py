@@ -33,6 +33,7 @@ import collections
 import dataclasses
 import logging
 import math
+import secrets
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +95,7 @@ from ._state import (
     contributions,
     default_fractions,
 )
-from ._verify import Scratch
+from ._verify import NONCE_SIZE, JointNonce, Scratch, verifiable
 from .config import MAX_EVIDENCE_ROUNDS, AllReduceConfig
 
 if TYPE_CHECKING:
@@ -253,6 +254,8 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
             _check_finite(flat)
         start = trio.current_time()
         session = _Session(group, me, layout, flat, float(weight), auxiliary, config, start)
+        if not auxiliary and config.verify and verifiable(layout.aggregator):
+            session.joint = JointNonce(group.group_id, me, secrets.token_bytes(NONCE_SIZE))
         if self._own_report is not None and session.weight > 0:
             session.report = self._own_report(group.run_id, group.epoch)
         lo, hi = layout.part_bounds[me]
@@ -314,6 +317,7 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
             session.held = _held(session, receivers)
             session.evidence = self._keep_evidence(session)
             session.verifier = self._verifier(session, receivers, originals)
+            session.settled_at = trio.current_time()
             session.settled.set()
             settlement = Settlement({}, {})
             if not auxiliary:
@@ -324,6 +328,7 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
         finally:
             self._unregister(session)
             if session.verifier is not None:
+                self._counters["reports_sketched"] += session.verifier.sketches
                 session.verifier.close()
         return self._result(session, originals, receivers, errors, inplace, settlement)
 

@@ -7,6 +7,7 @@ restore tensors; shared by the service and its sides (``_service``).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,7 @@ from ._state import (
     PartReceiver,
     PartReducer,
 )
-from ._verify import RoundVerifier, Verdict
+from ._verify import JointNonce, RoundVerifier, Verdict
 from .config import AllReduceConfig
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WEIGHT_FLAG", "OUTLIER_FLAG", "CHECK_FLAG", "REPORT_FLAG", "LIE_FLAG",
            "REDUCER_LIE_FLAG", "EQUIVOCATION_FLAG", "FALSE_ACCUSATION_FLAG",
-           "MAX_RECENT_GROUPS", "DONE_LINGER", "LIVENESS_POLL", "HAVE_GRACE",
+           "MAX_RECENT_GROUPS", "DONE_LINGER", "LIVENESS_POLL", "HAVE_GRACE", "JOIN_WAIT",
            "AllReduceStatistics", "COUNTERS", "_Session", "_NOT_CHECKED", "_Rejected",
            "_Finished", "_held", "_describe", "_predicted", "_check_tensors", "_flatten",
            "_check_finite", "_receive_message", "_restore", "_unflatten"]
@@ -91,6 +92,9 @@ LIVENESS_POLL = 0.5
 
 #: How long past ``averaging_timeout`` the post-round exchange may last (s).
 HAVE_GRACE = 2.0
+#: Seconds a verifying member waits, once it revealed its secret, for the
+#: secrets of the members it committed to wait for (then joins without them).
+JOIN_WAIT = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +135,11 @@ class AllReduceStatistics(Statistics):
     ``false_accusation``).  ``verification_bytes_sent``: what verification
     added to this node's messages (nonces, digests, commitments, result
     signatures, ``ar.check``), in bytes of their msgpack bodies.
+    ``reports_sketched``: the sketches this node computed for its reports
+    (one per part it contributed to and distinct joint nonce asked for: as
+    many as parts when the members share one).  ``nonces_withheld``:
+    members that committed to a secret this node waited for and never
+    revealed it (left out of its joint nonce).
     """
 
     active: int
@@ -163,6 +172,8 @@ class AllReduceStatistics(Statistics):
     accusations_upheld: int = 0
     accusations_false: int = 0
     verification_bytes_sent: int = 0
+    reports_sketched: int = 0
+    nonces_withheld: int = 0
 
 
 #: The counters of :meth:`AllReduceService.statistics`.
@@ -208,6 +219,10 @@ class _Session:
         # verifies nothing), the members whose exchange (ar.have, and ar.check
         # when both verify) is through, and the verdicts once the exchange ended.
         self.verifier: RoundVerifier | None = None
+        # This member's share in the joint nonce (None: it verifies nothing),
+        # and when its round settled (the exchange's waits count from then).
+        self.joint: JointNonce | None = None
+        self.settled_at = math.inf
         self.exchanged: set[int] = set()
         self.verdicts: dict[int, Verdict] = {}
         # Disputes: this member's encoded chunks of each part it sent (committed

@@ -88,7 +88,7 @@ __all__ = ["SKETCH_BUCKETS", "NORM_SLACK", "NONCE_SIZE", "TAU_SLACK", "RESIDUAL_
            "REPORT_TOLERANCE", "CAPS_TOLERANCE", "ChunkClaim", "Report", "Verdict",
            "sketch_plan", "SketchPlanner", "Scratch", "verifiable", "deviates",
            "contributor_terms", "sketch", "contributor_report", "sketch_bound", "tolerance",
-           "check_part", "RoundVerifier"]
+           "check_part", "nonce_commitment", "joint_nonce", "JointNonce", "RoundVerifier"]
 
 #: Buckets of a sketch (a report holds this many float64 values per part).
 SKETCH_BUCKETS = 256
@@ -97,8 +97,10 @@ SKETCH_BUCKETS = 256
 #: ``sqrt(2 / SKETCH_BUCKETS)`` (9 %); beyond 1.5 takes three of its few
 #: largest values landing in one bucket with one sign (odds 1 / 65536).
 NORM_SLACK = 1.5
-#: Bytes of a verifier's nonce.
+#: Bytes of a verifier's nonce (its secret, and the joint nonce).
 NONCE_SIZE = 32
+#: Reports a verifier keeps for reuse (one per part and distinct nonce).
+MAX_SKETCHED = 4096
 #: ``tau="auto"``: a claimed radius must lie within this factor of the weighted
 #: median of the contributors' distances to the result (the radius is the
 #: median distance to the medoid, about sqrt(2) times that for spread values).
@@ -119,6 +121,8 @@ FLOAT32_ULPS = 2.0
 REPORT_TOLERANCE = 1e-6
 _FLOAT32_EPSILON = 2.0 ** -23
 _DOMAIN = b"p2pdl/allreduce/verify/2"
+_COMMIT_NONCE_DOMAIN = b"p2pdl/allreduce/nonce-commitment/1"
+_JOINT_DOMAIN = b"p2pdl/allreduce/joint-nonce/1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -547,6 +551,106 @@ def _weighted_median(pairs: Sequence[tuple[float, float]]) -> float:
     return ordered[-1][0]
 
 
+def nonce_commitment(group_id: bytes, member: int, secret: bytes) -> bytes:
+    """What ``member`` commits to before it reveals its ``secret`` nonce:
+    SHA-256(domain, group, member, secret)."""
+    return hashlib.sha256(_COMMIT_NONCE_DOMAIN + len(group_id).to_bytes(1, "big") + group_id
+                          + member.to_bytes(2, "big") + secret).digest()
+
+
+def joint_nonce(group_id: bytes, secrets: Mapping[int, bytes]) -> bytes:
+    """The nonce a verifier's plans use: SHA-256(domain, group, then each
+    member of ``secrets`` in ascending order with its revealed secret)."""
+    digest = hashlib.sha256(_JOINT_DOMAIN + len(group_id).to_bytes(1, "big") + group_id)
+    for member in sorted(secrets):
+        digest.update(member.to_bytes(2, "big") + len(secrets[member]).to_bytes(1, "big")
+                      + secrets[member])
+    return digest.digest()
+
+
+class JointNonce:
+    """One member's share in the round's joint nonce, sans-IO
+    (protocols/allreduce.md, Verification): commit, then reveal, then join.
+
+    Every verifying member draws a ``secret`` and sends only its commitment
+    in its ``ar.have``.  Once it holds the commitments of every partner it
+    waits for (or gave up on them), it **closes** the set: only those
+    members' secrets, with its own, make its joint nonce, and only now does
+    it reveal its secret.  A secret revealed later by another member cannot
+    have been chosen knowing this one's: its commitment came first.  Once
+    the closed set's secrets are revealed (or it gave up on some), it
+    **joins** them into its nonce (:func:`joint_nonce`).  Honest members
+    that heard the same reveals get the same nonce, so a contributor's
+    report for one serves them all.  If a member of the closed set never
+    revealed, the nonce is made of this member's secret alone: whoever
+    withholds (after seeing the others' secrets) chooses only between two
+    nonces, the full one and one it has no say in, however many withhold;
+    it costs the contributors one sketch per part for each such member."""
+
+    def __init__(self, group_id: bytes, me: int, secret: bytes) -> None:
+        self.group_id = group_id
+        self.me = me
+        self.secret = secret
+        self.commitment = nonce_commitment(group_id, me, secret)
+        #: member -> the commitment its ar.have carried
+        self.commitments: dict[int, bytes] = {}
+        #: member -> its secret, checked against its commitment
+        self.secrets: dict[int, bytes] = {}
+        #: members given up on (their exchange failed, or they left)
+        self.gone: set[int] = set()
+        #: the members whose secrets make the nonce (None until closed)
+        self.closed: frozenset[int] | None = None
+        #: the joint nonce (None until joined)
+        self.nonce: bytes | None = None
+
+    def commit(self, member: int, commitment: bytes) -> None:
+        """``member``'s commitment, as its ``ar.have`` carried it (the first counts)."""
+        self.commitments.setdefault(member, commitment)
+
+    def committed(self, partners: Sequence[int]) -> bool:
+        """Whether every one of ``partners`` committed or was given up on."""
+        return all(j in self.commitments or j in self.gone for j in partners)
+
+    def close(self) -> frozenset[int]:
+        """Freeze the members whose secrets will count: those that committed
+        so far.  Only after this may the secret be revealed."""
+        if self.closed is None:
+            self.closed = frozenset(self.commitments)
+        return self.closed
+
+    def reveal(self, member: int, secret: bytes) -> bool:
+        """``member``'s revealed secret: False when it is not the one it
+        committed to (or it committed to none)."""
+        if len(secret) != NONCE_SIZE or member not in self.commitments \
+                or nonce_commitment(self.group_id, member, secret) != self.commitments[member]:
+            return False
+        self.secrets.setdefault(member, secret)
+        return True
+
+    def revealed(self) -> bool:
+        """Whether every member of the closed set revealed or was given up on."""
+        closed = self.close()
+        return all(j in self.secrets or j in self.gone for j in closed)
+
+    def join(self) -> bytes:
+        """The joint nonce (fixed by the first call): this member's secret
+        and those of the closed set, when every one was revealed; else this
+        member's secret alone."""
+        if self.nonce is None:
+            closed = self.close()
+            secrets = {j: s for j, s in self.secrets.items() if j in closed}
+            if len(secrets) < len(closed):
+                secrets = {}
+            secrets[self.me] = self.secret
+            self.nonce = joint_nonce(self.group_id, secrets)
+        return self.nonce
+
+    @property
+    def withheld(self) -> frozenset[int]:
+        """Members of the closed set that never revealed."""
+        return frozenset(j for j in (self.closed or ()) if j not in self.secrets)
+
+
 class RoundVerifier:
     """One member's verification of one round, sans-IO.
 
@@ -558,15 +662,17 @@ class RoundVerifier:
     buffers come from ``scratch`` (a :class:`Scratch` kept by the caller
     from round to round; a fresh one if None), and go back to it on
     :meth:`close`.  It
-    draws this member's nonce (``nonce``: a random NONCE_SIZE bytes from the
-    caller), answers each other member's nonce with this member's reports on
-    the parts it contributed to (:meth:`reports_for`), collects the others'
-    reports (:meth:`hear_reports`) and gives a verdict per part
-    (:meth:`verdicts`): every part it holds but its own, since only the
-    reducer holds every contributor's values of its own part.
+    takes part in the round's joint nonce through ``joint`` (this member's
+    :class:`JointNonce`; :attr:`nonce` is the joint nonce, fixed on first
+    use), answers each other member's joint nonce with this
+    member's reports on the parts it contributed to (:meth:`reports_for`:
+    one sketch per part and nonce, so members that share a nonce cost one),
+    collects the others' reports (:meth:`hear_reports`) and gives a verdict
+    per part (:meth:`verdicts`): every part it holds but its own, since
+    only the reducer holds every contributor's values of its own part.
     """
 
-    def __init__(self, layout: Layout, group_id: bytes, me: int, nonce: bytes,
+    def __init__(self, layout: Layout, group_id: bytes, me: int, joint: JointNonce,
                  results: Mapping[int, torch.Tensor],
                  claims: Mapping[int, Sequence[ChunkClaim] | None],
                  digests: Mapping[int, bytes],
@@ -575,13 +681,17 @@ class RoundVerifier:
         self.layout = layout
         self.group_id = group_id
         self.me = me
-        self.nonce = nonce
+        self.joint = joint
         self.results = dict(results)
         self.claims = dict(claims)
         self.digests = dict(digests)
         self._values = values
         #: part -> this member's terms and distances (the same for every nonce)
         self._terms: dict[int, tuple[torch.Tensor, tuple[float, ...]]] = {}
+        #: (part, nonce) -> this member's report (one sketch per distinct nonce)
+        self._sketched: dict[tuple[int, bytes], Report] = {}
+        #: sketches computed
+        self.sketches = 0
         self._scratch = scratch if scratch is not None else Scratch()
         self._buffers: list[torch.Tensor] = []
         #: part -> contributor -> its report (None: its digest differed from ours,
@@ -592,6 +702,11 @@ class RoundVerifier:
         self.signed: dict[tuple[int, int], Any] = {}
         #: part -> its reducer's signature over ``digests[part]`` (signed results)
         self.signatures: dict[int, bytes] = {}
+
+    @property
+    def nonce(self) -> bytes:
+        """The joint nonce this member's plans use (joined on first use)."""
+        return self.joint.join()
 
     @property
     def checked_parts(self) -> list[int]:
@@ -616,7 +731,10 @@ class RoundVerifier:
         return out
 
     def _report(self, part: int, nonce: bytes) -> Report:
-        """This member's report on ``part`` for ``nonce``."""
+        """This member's report on ``part`` for ``nonce`` (sketched once per nonce)."""
+        known = self._sketched.get((part, nonce))
+        if known is not None:
+            return known
         if part not in self._terms:
             claims = self.claims[part]
             assert claims is not None
@@ -629,7 +747,11 @@ class RoundVerifier:
                                                   inplace=True)
         terms, distances = self._terms[part]
         plan = self._scratch.planner.plan(self.group_id, part, nonce, terms.numel())
-        return Report(sketch(plan, terms), distances)
+        report = Report(sketch(plan, terms), distances)
+        self.sketches += 1
+        if len(self._sketched) < MAX_SKETCHED:
+            self._sketched[part, nonce] = report
+        return report
 
     def hear_reports(self, member: int, reports: Sequence[tuple[int, bytes, Report | None]]
                      ) -> None:
@@ -666,6 +788,7 @@ class RoundVerifier:
         """Give this verifier's buffers back to its scratch: its round is
         over (its terms are computed again if it is asked for a report)."""
         self._terms.clear()
+        self._sketched.clear()
         buffers, self._buffers = self._buffers, []
         self._scratch.give(buffers)
 

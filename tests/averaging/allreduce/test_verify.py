@@ -517,8 +517,8 @@ async def test_a_malformed_check_resets_the_exchange_and_changes_nothing(monkeyp
 
     honest_check = _service.AllReduceService._check
 
-    def check(self, session, j, have):
-        message = honest_check(self, session, j, have)
+    def check(self, session, j, have, nonce):
+        message = honest_check(self, session, j, have, nonce)
         if session.me == 1 and message.reports:
             return Check(message.group_id, message.sender,
                                   [message.reports[0], message.reports[0]])
@@ -536,3 +536,105 @@ async def test_a_malformed_check_resets_the_exchange_and_changes_nothing(monkeyp
             # honest results still pass
             assert all(p.completed for p in results[i].parts)
             assert [p.check for r, p in enumerate(results[i].parts) if r != i] == ["ok"] * 3
+
+
+def test_a_joint_nonce_is_committed_closed_revealed_then_joined():
+    from p2pdl.averaging.allreduce._verify import JointNonce, joint_nonce, nonce_commitment
+
+    secrets_ = [bytes([i]) * 32 for i in range(4)]
+    shares = [JointNonce(GROUP, i, secrets_[i]) for i in range(4)]
+    assert shares[0].commitment == nonce_commitment(GROUP, 0, secrets_[0])
+    assert shares[0].commitment != nonce_commitment(GROUP, 1, secrets_[0])   # bound to the member
+    for a in shares:
+        for b in shares:
+            if a is not b:
+                a.commit(b.me, b.commitment)
+    assert all(s.committed([j for j in range(4) if j != s.me]) for s in shares)
+    assert shares[0].close() == {1, 2, 3}
+    shares[0].commit(1, b"\x00" * 32)            # a second commitment does not replace the first
+    assert not shares[0].reveal(1, b"\x09" * 32)      # not the committed secret
+    assert not shares[0].reveal(1, secrets_[1][:16])  # nor of the wrong size
+    for a in shares:
+        for b in shares:
+            if a is not b:
+                assert a.reveal(b.me, b.secret)
+    assert all(s.revealed() for s in shares)
+    nonces = {s.join() for s in shares}
+    assert nonces == {joint_nonce(GROUP, dict(enumerate(secrets_)))}   # one nonce for all
+    assert shares[0].withheld == frozenset()
+    # A member that committed after the set closed does not count, revealed or not.
+    late = JointNonce(GROUP, 0, secrets_[0])
+    late.commit(1, shares[1].commitment)
+    late.close()
+    late.commit(2, shares[2].commitment)
+    assert late.reveal(1, secrets_[1]) and late.reveal(2, secrets_[2])
+    assert late.join() == joint_nonce(GROUP, {0: secrets_[0], 1: secrets_[1]})
+    # One that never revealed: this member's secret alone (a nonce nobody else steers).
+    lonely = JointNonce(GROUP, 0, secrets_[0])
+    for j in (1, 2):
+        lonely.commit(j, shares[j].commitment)
+    lonely.reveal(1, secrets_[1])
+    assert not lonely.revealed()
+    lonely.gone.add(2)
+    assert lonely.revealed() and lonely.withheld == {2}
+    assert lonely.join() == joint_nonce(GROUP, {0: secrets_[0]})
+    assert lonely.join() == lonely.nonce   # fixed
+
+
+async def test_members_share_one_joint_nonce_so_each_part_is_sketched_once():
+    """With no one withholding, every member's joint nonce is the same: a
+    member sketches each part it contributed to once, not once per verifier."""
+    from p2pdl.averaging import AllReduceConfig
+    from p2pdl.testing import open_memory_nodes
+
+    from .test_service import connect_all
+
+    async with open_memory_nodes(4) as nodes:
+        await connect_all(nodes)
+        config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000),
+                                 chunk_values=1024)
+        results, _ = await run_group(nodes, config, b"joint", seed=4)
+        for i, node in enumerate(nodes):
+            stats = node.averaging.statistics()
+            assert [p.check for r, p in enumerate(results[i].parts) if r != i] == ["ok"] * 3
+            assert stats["reports_sketched"] == 4, stats   # one per part (its own included)
+            assert stats["nonces_withheld"] == 0
+
+
+@pytest.mark.parametrize("misbehaviour", ["wrong_secret", "withheld"])
+async def test_a_member_that_reveals_a_false_secret_or_none_changes_no_verdict(
+        monkeypatch, misbehaviour):
+    """Member 1 reveals a secret that is not the one it committed to (a
+    protocol error: the pair's exchange is reset) or none at all (the others
+    wait JOIN_WAIT, then verify with nonces of their own secrets): every part
+    still passes at the honest members, and nothing is flagged."""
+    from p2pdl.averaging import AllReduceConfig
+    from p2pdl.averaging.allreduce import _exchange
+    from p2pdl.testing import open_memory_nodes
+
+    from .test_service import connect_all
+
+    honest_verify_pair = _exchange._ExchangeSide._verify_pair
+
+    async def verify_pair(self, session, stream, j, theirs):
+        if session.me == 1 and misbehaviour == "withheld":
+            await trio.sleep_forever()   # committed, never reveals: held until the deadline
+        if session.me == 1:   # reveals another secret than the one it committed to
+            session.joint.secret = bytes(32)
+        await honest_verify_pair(self, session, stream, j, theirs)
+
+    monkeypatch.setattr(_exchange._ExchangeSide, "_verify_pair", verify_pair)
+    config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000), chunk_values=1024,
+                             sender_timeout=2.0, reducer_timeout=2.0)
+    async with open_memory_nodes(4) as nodes:
+        await connect_all(nodes)
+        results, _ = await run_group(nodes, config, b"reveal-" + misbehaviour.encode(), seed=5)
+        for i in (0, 2, 3):
+            stats = nodes[i].averaging.statistics()
+            assert all(p.completed for p in results[i].parts)
+            assert [p.check for r, p in enumerate(results[i].parts) if r != i] == ["ok"] * 3
+            if misbehaviour == "wrong_secret":
+                assert stats["protocol_errors"] == 1, (i, stats)
+            else:
+                assert stats["nonces_withheld"] == 1, (i, stats)
+            assert nodes[i].flags.flagged("run") == {}
