@@ -80,7 +80,8 @@ verification costs a round.  One JSON.
    default over the median with the mean (goal <= 1.15).
    ``verification_bytes_per_round``: what verification added to one default
    round of ``--round-peers`` in-memory nodes (the nodes' own
-   ``verification_bytes_sent``, summed: nonces, digests and ``ar.check``).
+   ``verification_bytes_sent``, summed: commitments, secrets, joint nonces,
+   digests and ``ar.check``).
 
 A part that fails has null values and a ``notes`` entry; ``--skip`` leaves
 parts out.  Workers' logs go to a temporary directory (printed on stderr).
@@ -247,7 +248,7 @@ def verify_all(layout: Layout, rows: torch.Tensor, averaged: torch.Tensor,
                claims: dict[int, list[Any]], liars: Sequence[int], step: int
                ) -> dict[int, str]:
     """Each part's verdict, as the honest members compute it (one nonce stands
-    for each's: every honest member gets the same reports).  Every contributor
+    for their joint nonce: every honest member gets the same reports).  Every contributor
     reports honestly but a lying reducer, which reports the sketch that best
     hides its shift: minus the others' sum, cut to its bound (under the mean,
     where a term has no bound, exactly that)."""
@@ -459,7 +460,8 @@ def round_times(args: argparse.Namespace, log_dir: Path) -> dict[str, Any]:
 def verification_bytes(peers: int, numel: int) -> int:
     """What verification adds to one round of ``peers`` members averaging
     ``numel`` values with ``AllReduceConfig()``: the nodes' own count
-    (``verification_bytes_sent``: nonces, digests, ``ar.check`` bodies), summed,
+    (``verification_bytes_sent``: commitments, secrets, joint nonces, digests,
+    ``ar.check`` bodies), summed,
     on in-memory nodes."""
     from p2pdl.averaging import Group, GroupMemberInfo
     from p2pdl.testing import open_memory_nodes

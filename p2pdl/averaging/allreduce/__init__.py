@@ -16,7 +16,9 @@ Modules:
   (:func:`cap_to_median`, :func:`cap_shares`), which verifiers check.
 * ``_verify`` -- sans-IO: checking a reducer's result from its contributors'
   sketches, and its claimed weights against the caps (:class:`RoundVerifier`,
-  :func:`check_part`).
+  :func:`check_part`); the round's joint nonce, committed, revealed and
+  joined (:class:`JointNonce`); the buffers kept from round to round
+  (:class:`Scratch`).
 * ``_evidence`` -- sans-IO: what settles a dispute over a failed check: the
   senders' signed commitments, signed reports, the reducers' signed
   results, and what a reducer keeps and shows (:class:`ReducerEvidence`).
@@ -29,7 +31,7 @@ Modules:
   one it attaches to its ``ar.begin`` (``own_report``) included.  Its
   sides, each a part of the class: ``_sending`` (the sender's streams and
   commitments), ``_reducing`` (a reducer's streams), ``_exchange`` (the
-  post-round exchange), ``_disputes`` (verification and disputes) and
+  post-round exchange: haves, secrets, joint nonces, reports), ``_disputes`` (verification and disputes) and
   ``_accusing`` (publishing and reading accusations); and
   ``_session``, what one call is while it runs, its statistics and flags.
 """
