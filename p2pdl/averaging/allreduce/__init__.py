@@ -31,8 +31,9 @@ Modules:
   one it attaches to its ``ar.begin`` (``own_report``) included.  Its
   sides, each a part of the class: ``_sending`` (the sender's streams and
   commitments), ``_reducing`` (a reducer's streams), ``_exchange`` (the
-  post-round exchange: haves, secrets, joint nonces, reports), ``_disputes`` (verification and disputes) and
-  ``_accusing`` (publishing and reading accusations); and
+  post-round exchange: haves, secrets, joint nonces, reports),
+  ``_disputes`` (verification and disputes) and ``_accusing`` (publishing
+  and reading accusations); and
   ``_session``, what one call is while it runs, its statistics and flags.
 """
 

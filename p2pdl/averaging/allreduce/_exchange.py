@@ -156,7 +156,10 @@ class _ExchangeSide:
         assert verifier is not None and joint is not None
         dial, answer = exchange_roles(session.group, session.me)
         partners = sorted(set(dial) | set(answer))
-        reveal_by = session.settled_at + session.config.reducer_timeout
+        # (leaving the answering side, bounded by the round's deadline plus
+        # HAVE_GRACE, half of that grace for the rest)
+        reveal_by = min(session.settled_at + session.config.reducer_timeout,
+                        session.deadline + HAVE_GRACE / 2)
         await self._until(session, partners, lambda: joint.committed(partners), reveal_by)
         joint.close()
         await stream.send_message(Reveal(joint.secret))

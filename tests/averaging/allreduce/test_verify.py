@@ -638,3 +638,41 @@ async def test_a_member_that_reveals_a_false_secret_or_none_changes_no_verdict(
             else:
                 assert stats["nonces_withheld"] == 1, (i, stats)
             assert nodes[i].flags.flagged("run") == {}
+
+
+@pytest.mark.parametrize("misbehaviour", ["short_joint", "check_first"])
+async def test_an_exchange_out_of_its_order_is_reset_and_changes_no_verdict(
+        monkeypatch, misbehaviour):
+    """Member 1 sends a joint nonce of the wrong size, or its ar.check before
+    its ar.reveal: each other member resets that pair's stream (a protocol
+    error), does not hear member 1's reports, and every part still passes."""
+    from p2pdl.averaging import AllReduceConfig
+    from p2pdl.averaging.allreduce import _exchange
+    from p2pdl.averaging.allreduce._messages import Check, Joint, Reveal
+    from p2pdl.testing import open_memory_nodes
+
+    from .test_service import connect_all
+
+    honest_verify_pair = _exchange._ExchangeSide._verify_pair
+
+    async def verify_pair(self, session, stream, j, theirs):
+        if session.me != 1:
+            return await honest_verify_pair(self, session, stream, j, theirs)
+        if misbehaviour == "check_first":
+            await stream.send_message(Check(session.group.group_id, 1, []))
+        else:
+            await stream.send_message(Reveal(session.joint.secret))
+            await stream.send_message(Joint(b"\x01" * 16))
+        await trio.sleep_forever()   # held until the round's deadline
+
+    monkeypatch.setattr(_exchange._ExchangeSide, "_verify_pair", verify_pair)
+    config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000), chunk_values=1024,
+                             sender_timeout=2.0, reducer_timeout=2.0)
+    async with open_memory_nodes(4) as nodes:
+        await connect_all(nodes)
+        results, _ = await run_group(nodes, config, b"order-" + misbehaviour.encode(), seed=6)
+        for i in (0, 2, 3):
+            stats = nodes[i].averaging.statistics()
+            assert stats["protocol_errors"] == 1, (i, stats)
+            assert [p.check for r, p in enumerate(results[i].parts) if r != i] == ["ok"] * 3
+            assert nodes[i].flags.flagged("run") == {}
