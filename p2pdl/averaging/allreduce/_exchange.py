@@ -156,8 +156,8 @@ class _ExchangeSide:
         assert verifier is not None and joint is not None
         dial, answer = exchange_roles(session.group, session.me)
         partners = sorted(set(dial) | set(answer))
-        # (leaving the answering side, bounded by the round's deadline plus
-        # HAVE_GRACE, half of that grace for the rest)
+        # The answering side's stream lasts until the round's deadline plus
+        # HAVE_GRACE: half of that grace is left for the reveal and the reports.
         reveal_by = min(session.settled_at + session.config.reducer_timeout,
                         session.deadline + HAVE_GRACE / 2)
         await self._until(session, partners, lambda: joint.committed(partners), reveal_by)
