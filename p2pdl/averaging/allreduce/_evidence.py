@@ -15,7 +15,7 @@ tells them apart (protocols/allreduce.md, Disputes):
   (:func:`report_payload`);
 * **the answer to a dispute**: the reducer recomputes, from the committed
   chunks, the report each contributor should have sent for the disputing
-  verifier's nonce and shows the chunks of every contributor whose report
+  verifier's joint nonce and shows the chunks of every contributor whose report
   differs from that, or that the verifier lacks
   (:meth:`ReducerEvidence.disputed`).  The verifier checks the chunks
   against the signed digests, recomputes those reports itself and checks
@@ -85,7 +85,7 @@ def commitment_payload(group_id: bytes, part: int, sender: int, chunks: Sequence
 
 def report_payload(group_id: bytes, part: int, contributor: int, nonce: bytes, digest: bytes,
                    sketch: bytes, distances: Sequence[float]) -> bytes:
-    """What a contributor signs with a report: the verifier's nonce, the
+    """What a contributor signs with a report: the verifier's joint nonce, the
     digest of the result it holds, its sketch as sent and its distances."""
     return msgpack.packb([_REPORT_DOMAIN, group_id, part, contributor, nonce, digest, sketch,
                           [float(d) for d in distances]], use_bin_type=True)

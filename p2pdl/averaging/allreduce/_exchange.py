@@ -282,7 +282,8 @@ class _ExchangeSide:
 
     def _have(self, session: _Session) -> Have:
         """This member's ``ar.have``: the parts it completed, and, when it
-        verifies, their digests and its nonce."""
+        verifies, their digests, their reducers' signatures and its
+        commitment to its secret."""
         assert session.held is not None
         parts = sorted(session.held)
         verifier = session.verifier

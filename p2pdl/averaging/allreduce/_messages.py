@@ -167,7 +167,7 @@ class Joint(Message, tag="ar.joint"):
 
 
 class PartCheck(Message, tag="ar.part_check"):
-    """A contributor's report on ``part`` for the addressed verifier's nonce:
+    """A contributor's report on ``part`` for the addressed verifier's joint nonce:
     the digest of the result it holds, its sketch (SKETCH_BUCKETS float32,
     little-endian), its distance to the result in each chunk, and its
     signature over all that (None from r8 members)."""
@@ -197,7 +197,7 @@ class SignedReport(Message, tag="ar.signed_report"):
 
 class Dispute(Message, tag="ar.dispute"):
     """Member ``sender``'s check of the addressed reducer's part failed: its
-    nonce, the digest of the result it holds, and the reports it used."""
+    joint nonce, the digest of the result it holds, and the reports it used."""
 
     group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
     sender: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
