@@ -5,6 +5,7 @@ same bits on every machine."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 import time
@@ -601,6 +602,38 @@ async def test_members_share_one_joint_nonce_so_each_part_is_sketched_once():
             assert stats["nonces_withheld"] == 0
 
 
+async def honest_members_beside(monkeypatch, member_one, tag, seed):
+    """Average a group of 4 in which member 1 runs ``member_one(honest,
+    session, stream, j, theirs)`` instead of the exchange's verification
+    (``honest``: the real one); each honest member's result, statistics and
+    flags."""
+    from p2pdl.averaging import AllReduceConfig
+    from p2pdl.averaging.allreduce import _exchange
+    from p2pdl.testing import open_memory_nodes
+
+    from .test_service import connect_all
+
+    honest = _exchange._ExchangeSide._verify_pair
+
+    async def verify_pair(self, session, stream, j, theirs):
+        if session.me != 1:
+            return await honest(self, session, stream, j, theirs)
+        return await member_one(functools.partial(honest, self), session, stream, j, theirs)
+
+    monkeypatch.setattr(_exchange._ExchangeSide, "_verify_pair", verify_pair)
+    config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000), chunk_values=1024,
+                             sender_timeout=2.0, reducer_timeout=2.0)
+    async with open_memory_nodes(4) as nodes:
+        await connect_all(nodes)
+        results, _ = await run_group(nodes, config, tag, seed=seed)
+        return [(results[i], nodes[i].averaging.statistics(), nodes[i].flags.flagged("run"))
+                for i in (0, 2, 3)]
+
+
+def honest_checks(result, i):
+    return [p.check for r, p in enumerate(result.parts) if r != i]
+
+
 @pytest.mark.parametrize("misbehaviour", ["wrong_secret", "withheld"])
 async def test_a_member_that_reveals_a_false_secret_or_none_changes_no_verdict(
         monkeypatch, misbehaviour):
@@ -608,36 +641,23 @@ async def test_a_member_that_reveals_a_false_secret_or_none_changes_no_verdict(
     protocol error: the pair's exchange is reset) or none at all (the others
     wait JOIN_WAIT, then verify with nonces of their own secrets): every part
     still passes at the honest members, and nothing is flagged."""
-    from p2pdl.averaging import AllReduceConfig
-    from p2pdl.averaging.allreduce import _exchange
-    from p2pdl.testing import open_memory_nodes
 
-    from .test_service import connect_all
-
-    honest_verify_pair = _exchange._ExchangeSide._verify_pair
-
-    async def verify_pair(self, session, stream, j, theirs):
-        if session.me == 1 and misbehaviour == "withheld":
+    async def member_one(honest, session, stream, j, theirs):
+        if misbehaviour == "withheld":
             await trio.sleep_forever()   # committed, never reveals: held until the deadline
-        if session.me == 1:   # reveals another secret than the one it committed to
-            session.joint.secret = bytes(32)
-        await honest_verify_pair(self, session, stream, j, theirs)
+        session.joint.secret = bytes(32)   # reveals another secret than the one committed to
+        await honest(session, stream, j, theirs)
 
-    monkeypatch.setattr(_exchange._ExchangeSide, "_verify_pair", verify_pair)
-    config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000), chunk_values=1024,
-                             sender_timeout=2.0, reducer_timeout=2.0)
-    async with open_memory_nodes(4) as nodes:
-        await connect_all(nodes)
-        results, _ = await run_group(nodes, config, b"reveal-" + misbehaviour.encode(), seed=5)
-        for i in (0, 2, 3):
-            stats = nodes[i].averaging.statistics()
-            assert all(p.completed for p in results[i].parts)
-            assert [p.check for r, p in enumerate(results[i].parts) if r != i] == ["ok"] * 3
-            if misbehaviour == "wrong_secret":
-                assert stats["protocol_errors"] == 1, (i, stats)
-            else:
-                assert stats["nonces_withheld"] == 1, (i, stats)
-            assert nodes[i].flags.flagged("run") == {}
+    honest = await honest_members_beside(monkeypatch, member_one,
+                                         b"reveal-" + misbehaviour.encode(), 5)
+    for i, (result, stats, flagged) in zip((0, 2, 3), honest, strict=True):
+        assert all(p.completed for p in result.parts)
+        assert honest_checks(result, i) == ["ok"] * 3
+        if misbehaviour == "wrong_secret":
+            assert stats["protocol_errors"] == 1, (i, stats)
+        else:
+            assert stats["nonces_withheld"] == 1, (i, stats)
+        assert flagged == {}
 
 
 @pytest.mark.parametrize("misbehaviour", ["short_joint", "check_first"])
@@ -646,18 +666,9 @@ async def test_an_exchange_out_of_its_order_is_reset_and_changes_no_verdict(
     """Member 1 sends a joint nonce of the wrong size, or its ar.check before
     its ar.reveal: each other member resets that pair's stream (a protocol
     error), does not hear member 1's reports, and every part still passes."""
-    from p2pdl.averaging import AllReduceConfig
-    from p2pdl.averaging.allreduce import _exchange
     from p2pdl.averaging.allreduce._messages import Check, Joint, Reveal
-    from p2pdl.testing import open_memory_nodes
 
-    from .test_service import connect_all
-
-    honest_verify_pair = _exchange._ExchangeSide._verify_pair
-
-    async def verify_pair(self, session, stream, j, theirs):
-        if session.me != 1:
-            return await honest_verify_pair(self, session, stream, j, theirs)
+    async def member_one(honest, session, stream, j, theirs):
         if misbehaviour == "check_first":
             await stream.send_message(Check(session.group.group_id, 1, []))
         else:
@@ -665,14 +676,9 @@ async def test_an_exchange_out_of_its_order_is_reset_and_changes_no_verdict(
             await stream.send_message(Joint(b"\x01" * 16))
         await trio.sleep_forever()   # held until the round's deadline
 
-    monkeypatch.setattr(_exchange._ExchangeSide, "_verify_pair", verify_pair)
-    config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000), chunk_values=1024,
-                             sender_timeout=2.0, reducer_timeout=2.0)
-    async with open_memory_nodes(4) as nodes:
-        await connect_all(nodes)
-        results, _ = await run_group(nodes, config, b"order-" + misbehaviour.encode(), seed=6)
-        for i in (0, 2, 3):
-            stats = nodes[i].averaging.statistics()
-            assert stats["protocol_errors"] == 1, (i, stats)
-            assert [p.check for r, p in enumerate(results[i].parts) if r != i] == ["ok"] * 3
-            assert nodes[i].flags.flagged("run") == {}
+    honest = await honest_members_beside(monkeypatch, member_one,
+                                         b"order-" + misbehaviour.encode(), 6)
+    for i, (result, stats, flagged) in zip((0, 2, 3), honest, strict=True):
+        assert stats["protocol_errors"] == 1, (i, stats)
+        assert honest_checks(result, i) == ["ok"] * 3
+        assert flagged == {}
