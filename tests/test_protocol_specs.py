@@ -8,6 +8,7 @@ import inspect
 import pathlib
 import re
 
+import blake3
 import msgpack
 
 import p2pdl.averaging as averaging
@@ -27,6 +28,7 @@ from p2pdl.averaging import (
     Layout,
     MatchmakingConfig,
 )
+from p2pdl.averaging.allreduce import _evidence as ar_evidence
 from p2pdl.averaging.allreduce import _messages as ar_messages
 from p2pdl.averaging.allreduce import _state as ar_state
 from p2pdl.averaging.allreduce import config as ar_config
@@ -421,11 +423,23 @@ def test_allreduce_messages_codes_and_layout_match_the_code():
     assert f"`{layout.digest.hex()}`" in text
     assert layout.part_bounds == ((0, 52502), (52502, 52502), (52502, 70003))
     assert len(layout.chunks[0]) == 53 and layout.chunks[0][0].count == 3
+    # Chunk and result digests are BLAKE3 (32 bytes), the layout's SHA-256.
+    assert ar_evidence.chunk_digest(preimage) == blake3.blake3(preimage).digest()
+    assert ar_evidence.payload_hasher().update(preimage).digest() == \
+        blake3.blake3(preimage).digest()
+    for row in ("CHUNK_DIGEST_SIZE", "RESULT_DIGEST_SIZE"):
+        assert "BLAKE3" in text.split(f"| {row} |", 1)[1].split("\n", 1)[0]
     # A robust rule adds its description; the mean adds nothing.
     clip = Aggregator("centered_clip", tau=0.5)
     robust = Layout.for_tensors([3, 70000], [0.75, 0.0, 0.25], CodecPolicy(), 1024, clip)
     assert robust.digest == hashlib.sha256(msgpack.packb(
         [*msgpack.unpackb(preimage), ["centered_clip", 0.5, 100, 1e-6]])).digest()
+    # The aggregation digest matchmaking compares, in the spec's domain.
+    config = AllReduceConfig(aggregator=clip)
+    share, ratio = config.caps
+    assert '"p2pdl/aggregator/3"' in text
+    assert config.aggregation_digest() == hashlib.sha256(msgpack.packb(
+        ["p2pdl/aggregator/3", clip.describe(), ["caps", share, ratio]])).digest()
     for rule in ('["centered_clip", tau, iterations, tolerance]', '["trimmed_mean", trim]',
                  '["median"]'):
         assert rule in text

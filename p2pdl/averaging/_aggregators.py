@@ -27,7 +27,8 @@ same build), returns only finite values for finite inputs, and with one
 contributor returns its values.  The rows are read in blocks of
 BLOCK_VALUES columns: beyond the rows themselves a rule allocates
 ``O(contributors x BLOCK_VALUES)`` (a sort of one block for the
-coordinate-wise rules).
+coordinate-wise rules; CenteredClip's Gram matrix reads GRAM_VALUES values
+of all rows at a time).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
     import torch
 
 __all__ = ["Aggregator", "AGGREGATORS", "MAX_CLIP_ITERATIONS", "AUTO_TAU_FACTOR", "AUTO",
-           "centered_clip", "centered_clip_reference", "auto_tau"]
+           "centered_clip", "centered_clip_reference", "auto_tau", "GRAM_VALUES"]
 
 #: The aggregation rules, by name.
 AGGREGATORS = ("mean", "centered_clip", "trimmed_mean", "median")
@@ -54,6 +55,9 @@ AGGREGATORS = ("mean", "centered_clip", "trimmed_mean", "median")
 MAX_CLIP_ITERATIONS = 1000
 #: Columns a rule reads at a time (its scratch memory is rows x this many values).
 BLOCK_VALUES = 2**15
+#: CenteredClip's Gram matrix reads this many values of all rows at a time
+#: (at least BLOCK_VALUES / 8 columns): 12 bytes of scratch per value.
+GRAM_VALUES = 2**19
 #: ``tau="auto"``: the radius is this many times the chunk's typical distance
 #: (the weighted lower median of the contributors' distances to the medoid).
 AUTO_TAU_FACTOR = 1.0
@@ -214,16 +218,20 @@ def centered_clip(rows: Sequence[torch.Tensor], p: torch.Tensor, out: torch.Tens
     numel = out.numel()
     p = p.to(torch.float64)
     gram = torch.zeros((n, n), dtype=torch.float64)
-    width = min(BLOCK_VALUES, max(1, numel))
-    differences = torch.empty((n, width), dtype=torch.float32)
-    wide = torch.empty((n, width), dtype=torch.float64)
-    for lo in range(0, numel, BLOCK_VALUES):
-        hi = min(numel, lo + BLOCK_VALUES)
+    # d_0 is zero: the Gram matrix of d_1 .. d_{n-1}, in blocks of GRAM_VALUES
+    # values in all (fewer, wider blocks: each costs a few calls' overhead).
+    block = max(BLOCK_VALUES // 8, GRAM_VALUES // max(1, n - 1))
+    width = min(block, max(1, numel))
+    differences = torch.empty((n - 1, width), dtype=torch.float32)
+    wide = torch.empty((n - 1, width), dtype=torch.float64)
+    inner = gram[1:, 1:]
+    for lo in range(0, numel if n > 1 else 0, block):
+        hi = min(numel, lo + block)
         d, d64 = differences[:, :hi - lo], wide[:, :hi - lo]
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rows[1:]):
             torch.sub(row[lo:hi], rows[0][lo:hi], out=d[i])
         d64.copy_(d)
-        gram.addmm_(d64, d64.T)
+        inner.addmm_(d64, d64.T)
     diagonal = torch.diagonal(gram)
     distances = torch.sqrt(torch.clamp(diagonal.unsqueeze(0) + diagonal.unsqueeze(1)
                                        - 2 * gram, min=0.0))

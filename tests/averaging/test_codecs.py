@@ -25,6 +25,7 @@ from p2pdl.averaging._codecs import (
     codec_from_header,
     get_codec,
 )
+from p2pdl.averaging._norms import norm_upper
 from p2pdl.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from p2pdl.wire._tensor import TensorHeader, decode_tensor_frame, encode_tensor_frame
 from p2pdl.wire.config import FRAME_HEADER_SIZE
@@ -78,6 +79,23 @@ def test_fp16_error_is_within_its_documented_bound(t):
     # bound's norm within sqrt(2) (and float32 sums' 0.2 %).
     exact = float(torch.linalg.vector_norm(bound))
     assert exact * (1 - 1e-9) <= Float16Codec().error_norm(t) <= math.sqrt(2) * exact * 1.002
+    # Given norm_upper(t) (verification has it), the same bound.
+    upper = norm_upper(t.reshape(-1).float())
+    assert Float16Codec().error_norm(t, upper) == Float16Codec().error_norm(t)
+
+
+@pytest.mark.parametrize("codec", [NoneCodec(), Float16Codec()])
+def test_a_trusted_payload_is_not_checked_for_finiteness(codec):
+    """A node's own encoding is decoded without the finiteness check; a
+    remote payload with NaN is a protocol error."""
+    values = torch.tensor([1.0, 2.0, 3.0])
+    payload = bytearray(codec.encode(values))
+    assert torch.equal(codec.decode(bytes(payload), 3, trusted=True), values)
+    nan = struct.pack("<e" if codec.name == "fp16" else "<f", math.nan)
+    payload[:len(nan)] = nan
+    with pytest.raises(RemoteProtocolError):
+        codec.decode(bytes(payload), 3)
+    assert math.isnan(float(codec.decode(bytes(payload), 3, trusted=True)[0]))
 
 
 @settings(max_examples=300, deadline=None)

@@ -93,18 +93,20 @@ class _DisputeSide:
         me, encoded = session.me, session.encoded   # (not the session: no cycle through it)
 
         def values(r: int, own: torch.Tensor) -> torch.Tensor:
-            """This member's values of part ``r`` as its reducer decoded them,
-            written into ``own`` (the verifier computes in it)."""
+            """This member's values of part ``r`` as its reducer decoded them:
+            written into ``own`` (the verifier computes in it), or, of its own
+            part, a view of them (read before the verifier writes ``own``)."""
             lo, hi = layout.part_bounds[r]
             if r == me:
-                return own.copy_(flat[lo:hi])
+                return flat[lo:hi]
             if r in encoded:
-                return decode_chunks(layout, r, encoded[r], out=own)
+                return decode_chunks(layout, r, encoded[r], out=own, trusted=True)
             for chunk in layout.chunks[r]:
                 a, b = chunk.start - lo, chunk.end - lo
                 piece = own[a:b]
                 _restore(piece, originals, layout, chunk.start, chunk.end, offset=chunk.start)
-                chunk.codec.decode(bytes(chunk.codec.encode(piece)), chunk.count, out=piece)
+                chunk.codec.decode(bytes(chunk.codec.encode(piece)), chunk.count, out=piece,
+                                   trusted=True)
             return own
 
         verifier = RoundVerifier(layout, session.group.group_id, session.me, session.joint,

@@ -40,7 +40,7 @@ PROTOCOL_ID = ALLREDUCE_PROTOCOL_ID
 
 #: Bytes of a layout digest (SHA-256).
 LAYOUT_DIGEST_SIZE = 32
-#: Bytes of a result digest (SHA-256 of a part's averaged chunks as sent).
+#: Bytes of a result digest (BLAKE3 of a part's averaged chunks as sent).
 RESULT_DIGEST_SIZE = 32
 #: Largest weight a sender may give (samples are counted in far fewer).
 MAX_WEIGHT = 1e15
@@ -81,7 +81,7 @@ class Begin(Message, tag="ar.begin"):
     latest signed progress report for the group's run and epoch, the
     evidence of ``weight`` (None: the reducer judges by the reports it holds;
     old senders send none, and old reducers ignore it).  ``chunks``: the
-    SHA-256 of each chunk payload it will send, in order, and ``commitment``
+    BLAKE3 digest of each chunk payload it will send, in order, and ``commitment``
     its signature over them (protocols/allreduce.md, Disputes; None from r8
     senders and with a rule that has no check).
     """
@@ -134,7 +134,7 @@ class Reject(Message, tag="ar.reject"):
 class Have(Message, tag="ar.have"):
     """After the round: the parts member ``sender`` completed (indices of
     members whose non-empty part it received whole, or reduced itself);
-    ``digests``: the SHA-256 of each of those parts' result, in the order of
+    ``digests``: the digest of each of those parts' result, in the order of
     ``parts`` (None from r6 members); ``nonce``: a verification nonce of a
     member before r12 (empty from r12 members); ``results``: each of those
     parts' reducer's signature over its digest (None from r9 members);

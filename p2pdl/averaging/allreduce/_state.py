@@ -37,7 +37,7 @@ from ...wire import TensorHeader
 from .._aggregators import AUTO, Aggregator
 from .._balancing import part_sizes
 from .._codecs import Codec, CodecPolicy, choose_codec, codec_from_header
-from ._evidence import ReducerEvidence, chunk_digest, claims_bytes
+from ._evidence import ReducerEvidence, chunk_digest, claims_bytes, payload_hasher
 from ._messages import MAX_SEGMENTS, Segment
 from ._verify import ChunkClaim
 from ._weights import MIN_CAPPED_CONTRIBUTORS, cap_shares, cap_to_median
@@ -54,8 +54,9 @@ __all__ = ["ChunkSpec", "Layout", "PartReducer", "PartReceiver", "SenderState",
            "exchange_roles",
            "settle_parts", "Settlement", "check_have_parts"]
 
-#: Version of the layout rules; part of the digest.
-LAYOUT_VERSION = 1
+#: Version of the layout rules; part of the digest.  2: chunk and result
+#: digests are BLAKE3 (1: SHA-256), so members of either never share a group.
+LAYOUT_VERSION = 2
 #: The error of the parts an auxiliary member does not reduce (it gets no averages).
 AUXILIARY_NO_RESULT = "auxiliary peers receive no results"
 
@@ -634,7 +635,7 @@ class PartReducer:
                 self._radius(radii)))
             payload = chunk.codec.encode(out)
             if chunk.codec.name != "none":  # our copy goes through the codec as everyone's
-                chunk.codec.decode(payload, chunk.count, out=out)
+                chunk.codec.decode(payload, chunk.count, out=out, trusted=True)
             self.payloads.append(payload)
             done.append(k)
             self.final += 1
@@ -687,7 +688,7 @@ class PartReducer:
         return [float(claim.tau or 0.0) for claim in self.claims[:self.final]]
 
     def digest(self) -> bytes:
-        """The result digest: SHA-256 of the averaged chunks' payloads, in
+        """The result digest: BLAKE3 of the averaged chunks' payloads, in
         order, then of the claims (``ar.done``'s segments and radii): what
         every receiver of the complete part computes from what it got."""
         if self._result_digest is None or not self.complete:
@@ -696,7 +697,7 @@ class PartReducer:
 
     def digest_of(self, payloads: Sequence[bytes | memoryview]) -> bytes:
         """The result digest of ``payloads`` (one per chunk) under this part's claims."""
-        digest = hashlib.sha256()
+        digest = payload_hasher()
         for payload in payloads:
             digest.update(payload)
         digest.update(claims_bytes(self.segments(), self.taus()))
@@ -743,7 +744,7 @@ class PartReceiver:
         #: what the reducer said of each chunk (``ar.done``); None when it said
         #: too little to be checked (no weights, or no radii under CenteredClip)
         self.claims: tuple[ChunkClaim, ...] | None = None
-        self._digest = hashlib.sha256()
+        self._digest = payload_hasher()
         #: the result digest, once ``ar.done`` came (payloads, then claims)
         self.result_digest: bytes | None = None
         #: the reducer's signature over it (None: it sent none)

@@ -295,7 +295,8 @@ def verifiable(aggregator: Aggregator) -> bool:
 
 
 def contributor_terms(layout: Layout, part: int, values: torch.Tensor, result: torch.Tensor,
-                      claims: Sequence[ChunkClaim], member: int, *, inplace: bool = False
+                      claims: Sequence[ChunkClaim], member: int, *, inplace: bool = False,
+                      out: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, tuple[float, ...]]:
     """``member``'s weighted terms of ``part`` (float32, one per value: in
     chunk ``k``, ``p_jk * (x_jk - v_k) / max(tau_k, |x_jk - v_k|)``, or
@@ -304,10 +305,14 @@ def contributor_terms(layout: Layout, part: int, values: torch.Tensor, result: t
     part exactly as the reducer decoded them (decode its own encoded chunks);
     ``result``: the part as received.  The terms do not depend on a nonce:
     a member computes them once and sketches them for every verifier.  With
-    ``inplace`` (``values`` float32) the terms overwrite ``values``."""
+    ``inplace`` (``values`` float32) the terms overwrite ``values``; with
+    ``out`` (float32, the part's size, ``values`` itself or apart from it)
+    they are written there."""
     import torch
 
-    if inplace and values.dtype == torch.float32:
+    if out is not None:
+        terms = out
+    elif inplace and values.dtype == torch.float32:
         terms = values
     else:
         terms = torch.empty(result.numel(), dtype=torch.float32)
@@ -398,8 +403,9 @@ def _rounding(chunk: ChunkSpec, result: torch.Tensor, contributors: int, distanc
 
     lo = chunk.start - chunk.part_start
     values = result[lo:lo + chunk.count]
-    codec = chunk.codec.error_norm(values)
-    magnitude = norm_upper(values) + math.sqrt(contributors) * distance
+    upper = norm_upper(values)
+    codec = chunk.codec.error_norm(values, upper)
+    magnitude = upper + math.sqrt(contributors) * distance
     return codec + FLOAT32_ULPS * (contributors + 1) * _FLOAT32_EPSILON * magnitude
 
 
@@ -656,9 +662,10 @@ class RoundVerifier:
 
     Built once the member's round settled, with the parts it holds: for each,
     the result as it holds it, the reducer's claims (None: the reducer said
-    too little to be checked) and its digest; and ``values``, which writes
-    this member's own values of a part, as its reducer decoded them, into the
-    float32 tensor it is given (of the part's size) and returns it.  Its
+    too little to be checked) and its digest; and ``values``, which returns
+    this member's own values of a part, as its reducer decoded them: written
+    into the float32 tensor it is given (of the part's size), or a tensor
+    of its own that stays unchanged while the terms are computed.  Its
     buffers come from ``scratch`` (a :class:`Scratch` kept by the caller
     from round to round; a fresh one if None), and go back to it on
     :meth:`close`.  It
@@ -744,7 +751,7 @@ class RoundVerifier:
             values = self._values(part, buffer[:numel])
             self._terms[part] = contributor_terms(self.layout, part, values,
                                                   self.results[part], claims, self.me,
-                                                  inplace=True)
+                                                  out=buffer[:numel])
         terms, distances = self._terms[part]
         plan = self._scratch.planner.plan(self.group_id, part, nonce, terms.numel())
         report = Report(sketch(plan, terms), distances)

@@ -178,14 +178,15 @@ class AllReduceConfig:
 
     def aggregation_digest(self) -> bytes | None:
         """What matchmaking compares (``form_group(aggregation=...)``): SHA-256
-        of the rule's description and the caps; None for the mean (what
+        of the rule's description and the caps (in the domain of layout
+        version 2, so peers of different digests never share a group); None for the mean (what
         peers that know no other rule send).  A leader refuses a joiner with
         another (``mismatch``), so a group never mixes rules or caps."""
         if self.aggregator.name == "mean":
             return None
         share, ratio = self.caps
         return hashlib.sha256(msgpack.packb(
-            ["p2pdl/aggregator/2", self.aggregator.describe(),
+            ["p2pdl/aggregator/3", self.aggregator.describe(),
              ["caps", float(share), None if ratio is None else float(ratio)]])).digest()
 
     def __post_init__(self) -> None:
