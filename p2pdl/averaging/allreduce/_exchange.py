@@ -56,7 +56,7 @@ from ._state import (
     exchange_roles,
     settle_parts,
 )
-from ._verify import NONCE_SIZE, Report
+from ._verify import NONCE_SIZE, Report, RoundVerifier
 
 __all__ = ["_ExchangeSide"]
 
@@ -90,6 +90,8 @@ class _ExchangeSide:
 
                 for j in dial:
                     nursery.start_soon(dial_have, j)
+                if session.verifier is not None:
+                    nursery.start_soon(self._prepare, session.verifier)
                 waiting = set(dial) | set(answer)
                 while True:
                     waiting -= session.exchanged | failed | session.unheeded
@@ -100,6 +102,15 @@ class _ExchangeSide:
                     with trio.move_on_after(LIVENESS_POLL):
                         await session.wait_progress()
                 nursery.cancel_scope.cancel()
+
+    @staticmethod
+    async def _prepare(verifier: RoundVerifier) -> None:
+        """The verifier's work that needs no nonce (its terms, the result
+        norms), done while the exchange waits for messages: one part at a
+        time, the haves and secrets handled in between."""
+        await trio.lowlevel.checkpoint()
+        for _ in verifier.prepare():
+            await trio.lowlevel.checkpoint()
 
     async def _dial_have(self, session: _Session, j: int) -> bool:
         """Send our ``ar.have`` to member ``j``; take its reply as heard (True)."""

@@ -63,7 +63,7 @@ import dataclasses
 import hashlib
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -79,10 +79,9 @@ if TYPE_CHECKING:
 #: the chunk's largest weight): rounding of the reducer's water filling.
 CAPS_TOLERANCE = 1e-9
 
-#: The all-reduce's ``Layout`` and ``ChunkSpec`` (``_state``, which imports this
-#: module): only their attributes are used here.
+#: The all-reduce's ``Layout`` (``_state``, which imports this module): only
+#: its attributes are used here.
 Layout = Any
-ChunkSpec = Any
 
 __all__ = ["SKETCH_BUCKETS", "NORM_SLACK", "NONCE_SIZE", "TAU_SLACK", "RESIDUAL_SLACK",
            "REPORT_TOLERANCE", "CAPS_TOLERANCE", "ChunkClaim", "Report", "Verdict",
@@ -369,9 +368,23 @@ def sketch_bound(claims: Sequence[ChunkClaim], member: int) -> float | None:
     return NORM_SLACK * math.sqrt(total)
 
 
+def result_norms(layout: Layout, part: int, result: torch.Tensor
+                 ) -> tuple[tuple[float, float], ...]:
+    """Per chunk of ``part``: its codec's error norm at the result's values,
+    and an upper bound of their norm (:func:`norm_upper`), what
+    :func:`tolerance` reads of the result (computed once, before the reports)."""
+    norms = []
+    for chunk in layout.chunks[part]:
+        lo = chunk.start - chunk.part_start
+        values = result[lo:lo + chunk.count]
+        upper = norm_upper(values)
+        norms.append((chunk.codec.error_norm(values, upper), upper))
+    return tuple(norms)
+
+
 def tolerance(layout: Layout, part: int, result: torch.Tensor,
-              claims: Sequence[ChunkClaim], distances: Sequence[float] | None = None
-              ) -> float:
+              claims: Sequence[ChunkClaim], distances: Sequence[float] | None = None,
+              norms: Sequence[tuple[float, float]] | None = None) -> float:
     """How large the sum of an honest reducer's contributors' sketches may be.
 
     The result may differ from the exact fixed point by ``e``: its codec's
@@ -383,12 +396,15 @@ def tolerance(layout: Layout, part: int, result: torch.Tensor,
     ``2 |e| / tau`` (CenteredClip's term ``y / max(tau, |y|)`` changes by at
     most ``2 / tau`` per unit of ``y``), and its sketch by at most NORM_SLACK
     times that.  A chunk of radius 0 adds nothing here (:func:`check_part`
-    counts its contributors near the result as unknown instead)."""
+    counts its contributors near the result as unknown instead).  ``norms``:
+    :func:`result_norms` of the result, if the caller has them."""
+    if norms is None:
+        norms = result_norms(layout, part, result)
     squared = 0.0
-    for k, (chunk, claim) in enumerate(zip(layout.chunks[part], claims, strict=True)):
+    for k, claim in enumerate(claims):
         if not claim.contributors:
             continue
-        norm = _rounding(chunk, result, len(claim.contributors),
+        norm = _rounding(norms[k], len(claim.contributors),
                          distances[k] if distances is not None else 0.0)
         if claim.tau is None:
             squared += norm * norm
@@ -397,21 +413,17 @@ def tolerance(layout: Layout, part: int, result: torch.Tensor,
     return NORM_SLACK * math.sqrt(squared)
 
 
-def _rounding(chunk: ChunkSpec, result: torch.Tensor, contributors: int, distance: float
-              ) -> float:
-    """A bound of the norm of an honest result's rounding in ``chunk``."""
-
-    lo = chunk.start - chunk.part_start
-    values = result[lo:lo + chunk.count]
-    upper = norm_upper(values)
-    codec = chunk.codec.error_norm(values, upper)
+def _rounding(norms: tuple[float, float], contributors: int, distance: float) -> float:
+    """A bound of the norm of an honest result's rounding in a chunk, from
+    its :func:`result_norms` (``norms``)."""
+    codec, upper = norms
     magnitude = upper + math.sqrt(contributors) * distance
     return codec + FLOAT32_ULPS * (contributors + 1) * _FLOAT32_EPSILON * magnitude
 
 
 def check_part(layout: Layout, part: int, result: torch.Tensor,
-               claims: Sequence[ChunkClaim], reports: Mapping[int, Report | None]
-               ) -> Verdict:
+               claims: Sequence[ChunkClaim], reports: Mapping[int, Report | None],
+               norms: Sequence[tuple[float, float]] | None = None) -> Verdict:
     """The verdict on ``part`` from the result as received, the reducer's
     ``claims`` (one per chunk) and every contributor's report (None or
     absent: none came).
@@ -425,7 +437,8 @@ def check_part(layout: Layout, part: int, result: torch.Tensor,
     known sketches sum to a norm beyond :func:`tolerance` plus the unknown
     ones' bounds, or when a claimed radius is not the rule's (fixed ``tau``:
     the layout's; ``auto``: within a factor TAU_SLACK of the weighted median
-    of the reported distances of the chunk's contributors)."""
+    of the reported distances of the chunk's contributors).  ``norms``:
+    :func:`result_norms` of the result, if the caller has them."""
     import torch
 
     aggregator = layout.aggregator
@@ -465,15 +478,17 @@ def check_part(layout: Layout, part: int, result: torch.Tensor,
     radius = _radius_lie(aggregator, claims, known)
     if radius:
         return Verdict("failed", frozenset(liars), frozenset(missing), reason=radius)
+    if norms is None:
+        norms = result_norms(layout, part, result)
     typical = []
-    for k, (chunk, claim) in enumerate(zip(chunks, claims, strict=True)):
+    for k, claim in enumerate(claims):
         reported = _reported(claim, known, k)
         typical.append(_weighted_median(reported) if reported else 0.0)
         if claim.tau == 0 and claim.contributors:
-            near = _rounding(chunk, result, len(claim.contributors), 0.0)
+            near = _rounding(norms[k], len(claim.contributors), 0.0)
             slack += NORM_SLACK * math.fsum(claim.share(j) for j in claim.contributors
                                             if j in known and known[j].distances[k] <= near)
-    allowance = tolerance(layout, part, result, claims, typical) + slack
+    allowance = tolerance(layout, part, result, claims, typical, norms) + slack
     total = torch.zeros(SKETCH_BUCKETS, dtype=torch.float64)
     for j in sorted(known):
         total += torch.tensor(known[j].sketch, dtype=torch.float64)
@@ -709,6 +724,8 @@ class RoundVerifier:
         self.signed: dict[tuple[int, int], Any] = {}
         #: part -> its reducer's signature over ``digests[part]`` (signed results)
         self.signatures: dict[int, bytes] = {}
+        #: part -> :func:`result_norms` of a part this member checks
+        self._norms: dict[int, tuple[tuple[float, float], ...]] = {}
 
     @property
     def nonce(self) -> bytes:
@@ -737,11 +754,25 @@ class RoundVerifier:
             out.append((r, self.digests[r], self._report(r, nonce)))
         return out
 
-    def _report(self, part: int, nonce: bytes) -> Report:
-        """This member's report on ``part`` for ``nonce`` (sketched once per nonce)."""
-        known = self._sketched.get((part, nonce))
-        if known is not None:
-            return known
+    def prepare(self) -> Iterator[int]:
+        """What needs no nonce, computed ahead, one part at a time (the
+        caller may do other work between parts; each part yielded is done):
+        this member's terms of every part it contributed to, and the result
+        norms of every part it checks.  Reports and verdicts compute what is
+        still missing themselves."""
+        for r in sorted(self.results):
+            claims = self.claims.get(r)
+            if claims is not None and any(self.me in c.contributors for c in claims) \
+                    and r not in self._terms:
+                self._terms_of(r)
+                yield r
+        for r in self.checked_parts:
+            if r not in self._norms:
+                self._norms_of(r)
+                yield r
+
+    def _terms_of(self, part: int) -> tuple[torch.Tensor, tuple[float, ...]]:
+        """This member's terms of ``part`` and its distances (computed once)."""
         if part not in self._terms:
             claims = self.claims[part]
             assert claims is not None
@@ -752,7 +783,20 @@ class RoundVerifier:
             self._terms[part] = contributor_terms(self.layout, part, values,
                                                   self.results[part], claims, self.me,
                                                   out=buffer[:numel])
-        terms, distances = self._terms[part]
+        return self._terms[part]
+
+    def _norms_of(self, part: int) -> tuple[tuple[float, float], ...]:
+        """:func:`result_norms` of a part this member checks (computed once)."""
+        if part not in self._norms:
+            self._norms[part] = result_norms(self.layout, part, self.results[part])
+        return self._norms[part]
+
+    def _report(self, part: int, nonce: bytes) -> Report:
+        """This member's report on ``part`` for ``nonce`` (sketched once per nonce)."""
+        known = self._sketched.get((part, nonce))
+        if known is not None:
+            return known
+        terms, distances = self._terms_of(part)
         plan = self._scratch.planner.plan(self.group_id, part, nonce, terms.numel())
         report = Report(sketch(plan, terms), distances)
         self.sketches += 1
@@ -776,7 +820,7 @@ class RoundVerifier:
         """A verdict on every part this member checks, from what it heard and its
         own report (it contributed to the part, or not)."""
         return {r: check_part(self.layout, r, self.results[r], self.part_claims(r),
-                              self._reports(r)) for r in self.checked_parts}
+                              self._reports(r), self._norms_of(r)) for r in self.checked_parts}
 
     def part_claims(self, part: int) -> Sequence[ChunkClaim]:
         """The reducer's claims of a part this member checks."""
@@ -795,6 +839,7 @@ class RoundVerifier:
         """Give this verifier's buffers back to its scratch: its round is
         over (its terms are computed again if it is asked for a report)."""
         self._terms.clear()
+        self._norms.clear()
         self._sketched.clear()
         buffers, self._buffers = self._buffers, []
         self._scratch.give(buffers)
@@ -824,4 +869,4 @@ class RoundVerifier:
                 liars.add(j)
             reports[j] = true
         return frozenset(liars), check_part(self.layout, part, self.results[part], claims,
-                                            reports)
+                                            reports, self._norms_of(part))

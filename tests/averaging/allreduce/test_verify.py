@@ -682,3 +682,48 @@ async def test_an_exchange_out_of_its_order_is_reset_and_changes_no_verdict(
         assert stats["protocol_errors"] == 1, (i, stats)
         assert honest_checks(result, i) == ["ok"] * 3
         assert flagged == {}
+
+
+def test_the_work_without_a_nonce_can_be_done_ahead_and_changes_nothing():
+    """``RoundVerifier.prepare`` computes a member's terms of the parts it
+    contributed to, then the result norms of the parts it checks, one part
+    at a time; the reports and verdicts are those computed on demand, and
+    ``check_part`` with the norms given is ``check_part`` without."""
+    from p2pdl.averaging.allreduce._verify import JointNonce, RoundVerifier, result_norms
+
+    layout, rows, weights = scenario("centered_clip", "fp16", 7)
+    reduced = [reduce_part(layout, part, rows, weights) for part in range(len(weights))]
+    me = 1
+
+    def verifier() -> RoundVerifier:
+        def values(r: int, own: torch.Tensor) -> torch.Tensor:
+            return own.copy_(reduced[r][2][me])
+
+        joint = JointNonce(GROUP, me, b"\x01" * 32)
+        return RoundVerifier(layout, GROUP, me, joint,
+                             {r: result for r, (result, _, _) in enumerate(reduced)},
+                             {r: claims for r, (_, claims, _) in enumerate(reduced)},
+                             {r: bytes([r]) * 32 for r in range(len(reduced))}, values)
+
+    ahead, lazy = verifier(), verifier()
+    assert list(ahead.prepare()) == [0, 1, 2, 3, 0, 2, 3]
+    assert list(ahead.prepare()) == []   # done once
+    parts, digests = [0, 1, 2, 3], [bytes([r]) * 32 for r in range(4)]
+    for nonce in (ahead.nonce, b"\x07" * 32):
+        assert ahead.reports_for(0, nonce, parts, digests) == \
+            lazy.reports_for(0, nonce, parts, digests)
+    for v in (ahead, lazy):
+        for r in v.checked_parts:
+            result, claims, decoded = reduced[r]
+            heard = reports_for(layout, r, result, claims, decoded, v.nonce)
+            for j, report in heard.items():
+                if j != me:
+                    v.hear_reports(j, [(r, bytes([r]) * 32, report)])
+    assert ahead.verdicts() == lazy.verdicts()
+    assert all(v.status == "ok" for v in ahead.verdicts().values())
+    result, claims, decoded = reduced[2]
+    reports = reports_for(layout, 2, result, claims, decoded, b"a" * 32)
+    assert check_part(layout, 2, result, claims, reports, result_norms(layout, 2, result)) \
+        == check_part(layout, 2, result, claims, reports)
+    ahead.close()
+    lazy.close()
