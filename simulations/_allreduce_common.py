@@ -192,10 +192,14 @@ class Worker:
         return time.time()
 
     def done(self, round_: int, t_start: float, t_end: float, error: str | None = None,
-             note: str | None = None) -> None:
+             note: str | None = None, cpu_s: float | None = None) -> None:
         """Report the round's times (time.time()), and why it failed (``error``) or anything
-        worth knowing (``note``: goes into the row's note); wait until every peer is done."""
-        extra = {"note": note} if note else {}
+        worth knowing (``note``: goes into the row's note), and the CPU-seconds the round
+        took this peer's process (``cpu_s``, where it measures them); wait until every peer
+        is done."""
+        extra: dict[str, Any] = {"note": note} if note else {}
+        if cpu_s is not None:
+            extra["cpu_s"] = cpu_s
         harness.emit("done", round=round_, rank=self.rank, t_start=t_start, t_end=t_end,
                      error=error, **extra)
         harness.wait_command("next", timeout=self.left())

@@ -53,12 +53,14 @@ async def run(worker: Worker) -> None:
             group = Group(hashlib.sha256(f"bench-allreduce/{r}".encode()).digest(), "bench", r,
                           members)
             t_start = await trio.to_thread.run_sync(worker.ready, r)
+            cpu = time.process_time()
             result = await node.averaging.all_reduce(group, tensors, weight=worker.weight,
                                                      config=config)
             t_end = time.time()
+            cpu = time.process_time() - cpu
             error = None if result.completed else "; ".join(
                 f"part {p.reducer}: {p.error}" for p in result.parts if not p.completed)
-            await trio.to_thread.run_sync(worker.done, r, t_start, t_end, error)
+            await trio.to_thread.run_sync(worker.done, r, t_start, t_end, error, None, cpu)
             await trio.to_thread.run_sync(worker.check, r, result.tensors)
             log(f"round {r}: {result.times}")
         # Every peer is done with the last round (done's barrier): leave together.

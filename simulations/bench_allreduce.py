@@ -58,7 +58,8 @@ the parent: ``Worker.exchange(info)`` sends ``{"event": "address", "info":
    too, for r = 0).  The worker then waits for the command ``go``.
 2. ``{"event": "done", "round": r, "rank": I, "t_start": t0, "t_end": t1,
    "error": null | "why"}`` (optionally ``"note": "..."``, copied into the
-   row's note) -- ``time.time()`` at the go and when the averaged tensors
+   row's note, and ``"cpu_s": c``, the CPU-seconds of the worker's process
+   in the round) -- ``time.time()`` at the go and when the averaged tensors
    are in hand.  The worker then waits for ``next`` (all N are done).
 3. ``{"event": "result", "round": r, "rank": I, "max_err": e | null,
    "tol": tol, "ok": bool}`` -- the check against the truth.
@@ -99,6 +100,7 @@ def run_workers(command: list[str], peers: int, codec: str, rounds: int, numel: 
     """Run one system's workers through the protocol; the row's measured fields."""
     log_dir.mkdir(parents=True, exist_ok=True)
     round_s: list[float] = []
+    cpu_s: list[float] = []   # per round, the peers' CPU-seconds summed (where they say)
     correct = 0
     max_err: float | None = 0.0
     tol = 0.0
@@ -120,6 +122,8 @@ def run_workers(command: list[str], peers: int, codec: str, rounds: int, numel: 
                 if r == 0:
                     continue  # the warm-up
                 round_s.append(max(d["t_end"] for d in done.values()) - released)
+                if all(d.get("cpu_s") is not None for d in done.values()):
+                    cpu_s.append(sum(d["cpu_s"] for d in done.values()))
                 errors += [f"round {r} rank {i}: {d['error']}" for i, d in sorted(done.items())
                            if d.get("error")]
                 notes += [f"round {r} rank {i}: {d['note']}" for i, d in sorted(done.items())
@@ -140,6 +144,8 @@ def run_workers(command: list[str], peers: int, codec: str, rounds: int, numel: 
                 "failed": note, "errors": errors[:5], "notes": notes[:5]}
     out: dict[str, Any] = {"round_s": round_s, "correct_rounds": correct, "max_err": max_err,
                            "tol": tol}
+    if cpu_s:
+        out["cpu_s"] = cpu_s
     out["errors"], out["notes"] = errors[:5], notes[:5]
     return out
 

@@ -60,6 +60,7 @@ def test_the_training_part_prints_one_row_per_attack_count_and_rule():
     assert scaled["banned"] == 3 and scaled["banned_at_step"] < 8
     # the round part was skipped: its keys are there, null
     assert result["verified_round_time_ratio"] is None
+    assert result["verified_round_cpu_ratio"] is None
     assert result["verification_bytes_per_round"] is None
     assert result["false_accusations"] == 0   # no honest reducer's part ever failed
     assert result["lying_reducer_detected_fraction"] is None   # no lying reducer here

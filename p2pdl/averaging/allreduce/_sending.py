@@ -110,7 +110,10 @@ class _SenderSide:
         if session.weight <= 0 or not verifiable(layout.aggregator) or not chunks \
                 or len(chunks) > MAX_COMMITTED_CHUNKS:
             return None, None
-        payloads = [bytes(c.codec.encode(session.flat[c.start:c.end])) for c in chunks]
+        # The none codec's payload is a view of the values, which the results
+        # overwrite: copied; the others' are fresh memory of their own.
+        payloads = [_own(c.codec.name, c.codec.encode(session.flat[c.start:c.end]))
+                    for c in chunks]
         session.encoded[r] = payloads
         digests = [chunk_digest(p) for p in payloads]
         signature = self._key.sign(commitment_payload(session.group.group_id, r, session.me,
@@ -153,3 +156,9 @@ class _SenderSide:
             return signed_by(peer, result_payload(group.group_id, r, digest), signature)
 
         return signed
+
+
+def _own(codec: str, payload: memoryview) -> bytes | memoryview:
+    """``payload`` in memory of its own (the none codec's is a view of the
+    values it encodes: copied)."""
+    return bytes(payload) if codec == "none" else payload

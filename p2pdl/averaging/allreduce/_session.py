@@ -227,7 +227,7 @@ class _Session:
         self.verdicts: dict[int, Verdict] = {}
         # Disputes: this member's encoded chunks of each part it sent (committed
         # to), and, as a reducer that verifies, what it keeps to answer disputes.
-        self.encoded: dict[int, list[bytes]] = {}
+        self.encoded: dict[int, list[bytes | memoryview]] = {}
         self.evidence: ReducerEvidence | None = None
         # part -> how its dispute ended: "cleared", "reducer_lie" or
         # "unanswered", the contributors proven liars, and why
