@@ -215,11 +215,11 @@ class EpochLiar(_Attacker):
         """Step honestly before ``from_epoch``; then lie (:meth:`lie`) and step."""
         opt = self.optimizer
         if not self.lying and opt.local_epoch < self.from_epoch:
-            return opt.step(batch_size)
+            return opt.step(batch_size=batch_size)
         if not self.lying or opt.local_epoch != self._lied_at:
             self.lie()
             self._lied_at = opt.local_epoch
-        return opt.step(batch_size)
+        return opt.step(batch_size=batch_size)
 
     def statistics(self) -> dict[str, Any]:
         """The optimizer's counters, ``lying``, ``shares`` (poisoned states offered)

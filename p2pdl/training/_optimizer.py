@@ -40,6 +40,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,8 +65,19 @@ logger = logging.getLogger(__name__)
 FRESH_REPORT = 3.0
 
 
-class Optimizer:
+class Optimizer(torch.optim.Optimizer):
     """Wrap a torch optimizer so that it trains together with the swarm.
+
+    It is a :class:`torch.optim.Optimizer` itself, so that training code that
+    checks for one takes it (torch's LR schedulers, ``torch.amp.GradScaler``):
+    ``param_groups`` and ``state`` are the wrapped
+    optimizer's own (a scheduler that sets ``lr`` here sets it there),
+    ``defaults`` its defaults; ``step(closure=None)`` evaluates the closure
+    first, as torch optimizers do; step hooks
+    (``register_step_pre_hook``/``register_step_post_hook``) run around
+    every ``step``; ``zero_grad``, ``state_dict`` and ``load_state_dict``
+    work as below.  ``add_param_group`` is refused: the parameters averaged
+    are those the wrapped optimizer had when it was wrapped.
 
     Args:
         node: a running :class:`p2pdl.Node` (anything with the members of
@@ -115,6 +128,7 @@ class Optimizer:
         self.run_id = run_id
         self.target_batch_size = target_batch_size
         self.optimizer = optimizer
+        self._torch_face(optimizer)
         self._params: list[torch.Tensor] = [p for group in optimizer.param_groups
                                             for p in group["params"]]
         if not self._params:
@@ -149,6 +163,42 @@ class Optimizer:
         except BaseException:
             self._tracker.close()
             raise
+
+    def _torch_face(self, optimizer: torch.optim.Optimizer) -> None:
+        """What ``torch.optim.Optimizer.__init__`` sets up, but the parameter
+        groups and state (the wrapped optimizer's, by the properties below):
+        the hooks' registries and the profiler's wrapping of ``step``."""
+        self.defaults = optimizer.defaults
+        self._optimizer_step_pre_hooks = OrderedDict()
+        self._optimizer_step_post_hooks = OrderedDict()
+        self._optimizer_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_state_dict_post_hooks = OrderedDict()
+        self._optimizer_load_state_dict_pre_hooks = OrderedDict()
+        self._optimizer_load_state_dict_post_hooks = OrderedDict()
+        self._patch_step_function()
+        self._warned_capturable_if_run_uncaptured = True
+
+    @property   # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The wrapped optimizer's parameter groups (the same list)."""
+        return self.optimizer.param_groups
+
+    @property   # type: ignore[override]
+    def state(self) -> Any:
+        """The wrapped optimizer's per-parameter state (the same mapping)."""
+        return self.optimizer.state
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        """Refused: the swarm averages, shares and checks the parameters the
+        wrapped optimizer had when it was wrapped (add them to the wrapped
+        optimizer first, then wrap it)."""
+        raise ConfigError("p2pdl.Optimizer cannot take new parameters: add the group to the "
+                          "wrapped torch optimizer before wrapping it")
+
+    def __repr__(self) -> str:
+        return (f"p2pdl.Optimizer(run_id={self.run_id!r}, mode={self.config.mode!r}, "
+                f"target_batch_size={self.target_batch_size}, "
+                f"optimizer={type(self.optimizer).__name__})")
 
     # -- what users read -----------------------------------------------------------
 
@@ -186,11 +236,15 @@ class Optimizer:
         """Clear the parameters' gradients, as ``torch.optim.Optimizer.zero_grad``."""
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
-    def step(self, batch_size: int | None = None) -> bool:
+    def step(self, closure: Callable[[], Any] | None = None, *,   # type: ignore[override]
+             batch_size: int | None = None) -> bool:
         """Count this batch; step with the swarm when the global batch is full.
 
         Call it after ``loss.backward()``, with the batch's number of samples
-        (default ``batch_size_per_step``).  Returns True when the parameters
+        (``batch_size``; default ``batch_size_per_step``), or pass a
+        ``closure`` that computes the loss and its gradients: it is called
+        first, with gradients enabled (as torch optimizers do; its loss is
+        not returned).  Returns True when the parameters
         took a global step in this call (after averaging, or alone).  It
         blocks while a round runs (matchmaking, then the all-reduce), unless
         ``delay_updates``.  An auxiliary peer's ``step()`` waits for the next
@@ -201,6 +255,12 @@ class Optimizer:
         """
         if self._closed:
             raise NodeClosedError("the optimizer is closed")
+        if closure is not None:
+            if not callable(closure):
+                raise ConfigError(f"step(closure): the closure must be callable, got "
+                                  f"{type(closure).__name__} (pass batch_size=... by name)")
+            with torch.enable_grad():
+                closure()
         if self.config.auxiliary:
             return self._assist()
         samples = batch_size if batch_size is not None else self.config.batch_size_per_step

@@ -679,3 +679,53 @@ def test_a_batch_computed_before_a_state_download_is_dropped():
     opt.step()
     assert opt.samples_accumulated == 4 and opt.statistics()["stale_batches"] == 1
     opt.close()
+
+
+def test_it_is_a_torch_optimizer_sharing_the_wrapped_ones_groups_and_state():
+    """Training code that wants a torch.optim.Optimizer takes it: LR schedulers
+    set the wrapped optimizer's lr, step hooks run, a closure is evaluated,
+    and new parameter groups are refused."""
+    node = FakeNode()
+    node.tracker.view = [fake_progress(0, ready=False)]   # no round: batches are counted
+    opt, model = offline(node)
+    inner = opt.optimizer
+    assert isinstance(opt, torch.optim.Optimizer)
+    assert opt.param_groups is inner.param_groups and opt.state is inner.state
+    assert opt.defaults is inner.defaults and "p2pdl.Optimizer(" in repr(opt)
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    assert inner.param_groups[0]["initial_lr"] == 0.5
+    calls: list[str] = []
+    pre = opt.register_step_pre_hook(lambda o, args, kwargs: calls.append("pre"))
+    post = opt.register_step_post_hook(lambda o, args, kwargs: calls.append("post"))
+
+    def closure() -> torch.Tensor:
+        assert torch.is_grad_enabled()
+        calls.append("closure")
+        opt.zero_grad()
+        loss = model(torch.tensor([[1.0, 1.0]])).sum()
+        loss.backward()
+        return loss
+
+    with torch.no_grad():   # the closure gets its gradients all the same
+        assert not opt.step(closure)
+    assert calls == ["pre", "closure", "post"]
+    assert torch.equal(model.weight.grad, torch.tensor([[1.0, 1.0]]))
+    assert opt.samples_accumulated == 4
+    scheduler.step()   # after a step: no warning, and the wrapped optimizer's lr
+    assert inner.param_groups[0]["lr"] == 0.25
+    pre.remove()
+    post.remove()
+    # GradScaler takes it: the gradients are unscaled before the batch is counted.
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    opt.zero_grad()
+    scaler.scale(model(torch.tensor([[1.0, 1.0]])).sum()).backward()
+    assert torch.equal(model.weight.grad, torch.tensor([[4.0, 4.0]]))
+    scaler.step(opt)
+    scaler.update()
+    assert torch.equal(model.weight.grad, torch.tensor([[1.0, 1.0]]))
+    assert opt.samples_accumulated == 8
+    with pytest.raises(ConfigError, match="closure must be callable"):
+        opt.step(4)   # a batch size is passed by name
+    with pytest.raises(ConfigError, match="cannot take new parameters"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))]})
+    opt.close()
