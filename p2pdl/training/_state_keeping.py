@@ -2,8 +2,11 @@
 
 The full state is one dictionary (format :data:`STATE_FORMAT`): the epoch,
 the mode, the parameters, the wrapped optimizer's and the scheduler's state,
-and what the strategy adds (DiLoCo's anchor and momentum).  It serializes
-deterministically, so peers with equal states have equal SHA-256 digests.
+and what the strategy adds (DiLoCo's anchor and momentum), every tensor on
+the CPU whatever device training uses.  It serializes deterministically, so
+peers with equal states have equal SHA-256 digests, a peer that trains on a
+GPU and one that trains on the CPU included; a state that comes in is copied
+onto the devices of this peer's parameters and optimizer state.
 
 :class:`StateKeeper` holds the epoch with it and does everything that moves
 the state in or out of this peer:
@@ -27,6 +30,7 @@ accumulation and tells the progress tracker when a new state came in.
 
 from __future__ import annotations
 
+import copy
 import enum
 import hashlib
 import io
@@ -47,7 +51,7 @@ from ._strategies import Strategy, check_like
 from .config import OptimizerConfig
 
 __all__ = ["StateKeeper", "CatchUp", "STATE_FORMAT", "CHECK_RETRY", "MAX_CHECKS",
-           "MAX_MERGED_STATES"]
+           "MAX_MERGED_STATES", "on_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,12 +126,14 @@ class StateKeeper:
     # -- the full state -----------------------------------------------------------------
 
     def full_state(self) -> dict[str, Any]:
-        """The state as shared and checkpointed (the tensors are the live ones)."""
-        return {"format": STATE_FORMAT, "epoch": self.epoch, "mode": self.config.mode,
-                "params": [p.detach() for p in self.params],
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-                "diloco": self.strategy.extra_state()}
+        """The state as shared and checkpointed: its tensors on the CPU (the
+        live ones where they are there already, copies of the others)."""
+        return on_device({
+            "format": STATE_FORMAT, "epoch": self.epoch, "mode": self.config.mode,
+            "params": [p.detach() for p in self.params],
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "diloco": self.strategy.extra_state()}, torch.device("cpu"))
 
     def load(self, state: Any) -> None:
         """Load a state from a peer or a checkpoint (ConfigError when it does not fit).
@@ -499,3 +505,26 @@ def _donors(tracker: TrainingTracker, min_epoch: int) -> tuple[list[bytes], int]
     progress = tracker.global_progress()
     quorum = getattr(progress, "quorum_epoch", progress.epoch)
     return donors, max(min_epoch, quorum + 1)
+
+
+def on_device(state: Any, device: torch.device) -> Any:
+    """``state`` (tensors in dicts, lists and tuples) with every tensor on
+    ``device``: ``state`` itself when they all are there already (so that it
+    serializes to the same bytes), else copies of the containers that hold
+    a tensor elsewhere, that tensor moved."""
+    if isinstance(state, torch.Tensor):
+        return state if state.device == device else state.to(device)
+    if isinstance(state, dict):
+        moved = {k: on_device(v, device) for k, v in state.items()}
+        if all(moved[k] is v for k, v in state.items()):
+            return state
+        out = copy.copy(state)   # its own type (OrderedDict, defaultdict, ...)
+        out.update(moved)
+        return out
+    if isinstance(state, (list, tuple)):
+        items = [on_device(v, device) for v in state]
+        if all(a is b for a, b in zip(items, state, strict=True)):
+            return state
+        return items if isinstance(state, list) else type(state)(items) \
+            if type(state) is tuple else type(state)(*items)
+    return state

@@ -391,3 +391,38 @@ def test_checkpoints_are_written_when_due_and_resumed(tmp_path):
     fresh, other = keeper(checkpoint_dir=tmp_path, weight=9.0)
     assert fresh.resume() and fresh.epoch == 4
     assert torch.equal(other.weight, model.weight)
+
+
+def test_the_state_is_on_the_cpu_whatever_the_device_so_digests_do_not_depend_on_it():
+    """``on_device`` moves every tensor of a state (dicts of their own type,
+    lists, tuples) and leaves a state already there as it is (the same
+    object: the same bytes, the same digest).  On the CPU the meta device
+    stands in for another device type; on a CUDA machine a CPU peer and a GPU
+    peer with equal states have one digest, and a state lands on the GPU."""
+    from collections import OrderedDict
+
+    from p2pdl.training._state_keeping import on_device
+
+    source, model = keeper()
+    trained(source, model)
+    state = source.full_state()
+    cpu = torch.device("cpu")
+    assert on_device(state, cpu) is state
+    assert hashlib.sha256(source.serialized()).digest() == source.digest()
+    nested = {"a": OrderedDict(b=[torch.ones(2), (torch.zeros(1), 3)]), "c": "text"}
+    meta = on_device(nested, torch.device("meta"))
+    assert type(meta["a"]) is OrderedDict and meta["c"] == "text" and meta["a"]["b"][1][1] == 3
+    assert meta["a"]["b"][0].device.type == "meta" and meta["a"]["b"][1][0].device.type == "meta"
+    assert nested["a"]["b"][0].device == cpu   # the original is left as it was
+    params = on_device(state["params"], torch.device("meta"))
+    assert [p.shape for p in params] == [p.shape for p in state["params"]]
+    if torch.cuda.is_available():
+        gpu, gpu_model = keeper()
+        gpu_model.cuda()
+        gpu.params[:] = list(gpu_model.parameters())
+        gpu.optimizer.param_groups[0]["params"] = gpu.params
+        assert gpu.full_state()["params"][0].device == cpu
+        assert keeper()[0].digest() == gpu.digest()
+        gpu.load(torch.load(io.BytesIO(source.serialized()), weights_only=True))
+        assert all(p.device.type == "cuda" for p in gpu_model.parameters())
+        assert gpu.digest() == source.digest()
