@@ -475,11 +475,11 @@ def check_part(layout: Layout, part: int, result: torch.Tensor,
             return Verdict("unverifiable", frozenset(liars), frozenset(missing),
                            reason=f"under the mean, member {j}'s sketch is unknown")
         slack += bound
-    radius = _radius_lie(aggregator, claims, known)
-    if radius:
-        return Verdict("failed", frozenset(liars), frozenset(missing), reason=radius)
     if norms is None:
         norms = result_norms(layout, part, result)
+    radius = _radius_lie(aggregator, claims, known, norms)
+    if radius:
+        return Verdict("failed", frozenset(liars), frozenset(missing), reason=radius)
     typical = []
     for k, claim in enumerate(claims):
         reported = _reported(claim, known, k)
@@ -528,11 +528,16 @@ def _reported(claim: ChunkClaim, known: Mapping[int, Report], k: int
 
 
 def _radius_lie(aggregator: Aggregator, claims: Sequence[ChunkClaim],
-                known: Mapping[int, Report]) -> str:
+                known: Mapping[int, Report], norms: Sequence[tuple[float, float]]) -> str:
     """Why a claimed radius is not the rule's ("" when every one is).  The
     distances of contributors that did not report (or lied) are unknown: the
     upper check takes them as infinite, the lower one as 0, so a missing
-    report never makes an honest radius look wrong."""
+    report never makes an honest radius look wrong.  Both checks allow the
+    chunk's rounding (``_rounding`` of its ``norms``) besides the factor
+    TAU_SLACK: contributors whose values differ by a few units in the last
+    place have distances to the result that rounding alone sets (one of two
+    may be 0), and a radius computed before the codec may be below what the
+    codec's rounding adds to every distance."""
     for k, claim in enumerate(claims):
         if aggregator.name == "mean":
             if claim.tau is not None:
@@ -549,10 +554,11 @@ def _radius_lie(aggregator: Aggregator, claims: Sequence[ChunkClaim],
         reported = _reported(claim, known, k)
         high = _weighted_median(reported + [(math.inf, w) for w in unknown])
         low = _weighted_median(reported + [(0.0, w) for w in unknown])
-        if claim.tau > TAU_SLACK * high * (1 + 1e-9):
+        rounding = _rounding(norms[k], len(claim.contributors), 0.0)
+        if claim.tau > TAU_SLACK * high * (1 + 1e-9) + rounding:
             return (f"chunk {k}: radius {claim.tau:.3g} beyond {TAU_SLACK:g} times the "
                     f"contributors' median distance {high:.3g}")
-        if claim.tau * TAU_SLACK < low * (1 - 1e-9):
+        if claim.tau * TAU_SLACK + rounding < low * (1 - 1e-9):
             return (f"chunk {k}: radius {claim.tau:.3g} below the contributors' median "
                     f"distance {low:.3g} over {TAU_SLACK:g}")
     return ""

@@ -727,3 +727,23 @@ def test_the_work_without_a_nonce_can_be_done_ahead_and_changes_nothing():
         == check_part(layout, 2, result, claims, reports)
     ahead.close()
     lazy.close()
+
+
+@pytest.mark.parametrize("codec", ["none", "fp16"])
+@pytest.mark.parametrize("apart", [0, 1, 3])
+def test_contributors_a_few_ulps_apart_do_not_make_an_honest_radius_a_lie(codec, apart):
+    """Two contributors whose values differ by rounding only (``apart`` units
+    in the last place, or not at all): the distances to the result are what
+    rounding makes them (one of the two may be 0), and the honest radius of
+    ``tau="auto"`` (their distance) still passes."""
+    gen = torch.Generator().manual_seed(apart)
+    layout = Layout.for_tensors([37, 3000], [0.5, 0.5], CodecPolicy(large=codec, threshold=100),
+                                1024, RULES["centered_clip"], caps=(0.5, 1.0))
+    rows = torch.randn(1, 3037, generator=gen).repeat(2, 1)
+    for _ in range(apart):
+        rows[1] = torch.nextafter(rows[1], torch.tensor(math.inf))
+    for part in range(2):
+        result, claims, decoded = reduce_part(layout, part, rows, [8.0, 8.0])
+        reports = reports_for(layout, part, result, claims, decoded, b"u" * 32)
+        verdict = check_part(layout, part, result, claims, reports)
+        assert verdict.status == "ok", (codec, apart, part, verdict)
