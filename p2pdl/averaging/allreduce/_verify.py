@@ -44,8 +44,9 @@ malicious contributor anyway.  Under the mean there is no such bound:
 verification is meaningful under CenteredClip.
 
 The radius itself is the reducer's claim: a fixed ``tau`` must be the
-layout's; with ``tau="auto"`` it must lie within a factor TAU_SLACK of the
-weighted median of the contributors' own distances to the result, which
+layout's; with ``tau="auto"`` it must lie within a factor TAU_SLACK (and the
+chunk's rounding) of the weighted median of the contributors' own distances
+to the result, which
 each contributor reports beside its sketch (a radius far larger would let
 far values count as if unclipped; one far smaller would make the check's
 numerical allowance, which grows as ``1 / tau``, too loose to mean
