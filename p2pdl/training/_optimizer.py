@@ -91,6 +91,14 @@ class Optimizer(torch.optim.Optimizer):
         scheduler: an LR scheduler of ``optimizer`` (or a callable that makes
             one from it), stepped once per global epoch.
         config: an :class:`OptimizerConfig`; keyword arguments replace its fields.
+        model: the module whose buffers (the persistent ones, which its
+            ``state_dict`` holds: BatchNorm's running statistics and the
+            like) train with the parameters: averaged at every global
+            step (the values, weighted by samples, by the round's rule;
+            integer buffers rounded to the nearest integer), and part of the
+            state that joiners download and checkpoints keep.  Every peer of
+            a run passes a model with the same buffers, or none.  Without it
+            buffers stay each peer's own.
 
     Raises :class:`~p2pdl.ConfigError` for invalid arguments.  Every peer must
     start from the same parameters (same seed) or join a running swarm, which
@@ -105,7 +113,7 @@ class Optimizer(torch.optim.Optimizer):
     def __init__(self, *, node: TrainingNode, run_id: str, optimizer: torch.optim.Optimizer,
                  target_batch_size: int, batch_size_per_step: int | None = None,
                  scheduler: Any = None, config: OptimizerConfig | None = None,
-                 **config_fields: Any) -> None:
+                 model: torch.nn.Module | None = None, **config_fields: Any) -> None:
         if config is not None and not isinstance(config, OptimizerConfig):
             raise ConfigError("config must be an OptimizerConfig")
         config = config or OptimizerConfig()
@@ -136,6 +144,10 @@ class Optimizer(torch.optim.Optimizer):
         for p in self._params:
             if not p.is_floating_point():
                 raise ConfigError(f"parameters must be floating point, got {p.dtype}")
+        if model is not None and not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        #: the model's buffers that train with the parameters (model=)
+        self._buffers: list[torch.Tensor] = [] if model is None else persistent_buffers(model)
         if callable(scheduler) and not hasattr(scheduler, "step"):
             scheduler = scheduler(optimizer)
         if scheduler is not None and not hasattr(scheduler, "state_dict"):
@@ -150,7 +162,7 @@ class Optimizer(torch.optim.Optimizer):
         self.rounds = Rounds(node, run_id, config)
         self.state_keeper = StateKeeper(node, run_id, config, optimizer=optimizer,
                                         params=self._params, scheduler=scheduler,
-                                        strategy=self.strategy)
+                                        strategy=self.strategy, buffers=self._buffers)
         resumed = self.state_keeper.resume()
         self._tracker: TrainingTracker = node.progress.track(run_id, target_batch_size,
                                                              auxiliary=config.auxiliary)
@@ -318,6 +330,7 @@ class Optimizer(torch.optim.Optimizer):
             return False
         sent = self.strategy.round_tensors(samples)
         clip_total_norm(sent, self.config.clip_sent_norm)
+        sent += [b.detach().to(torch.float32, copy=True) for b in self._buffers]
         if self.config.delay_updates and not alone:
             self._finish_pending(block=True)
             self.rounds.start_background(epoch, sent, samples)
@@ -393,12 +406,26 @@ class Optimizer(torch.optim.Optimizer):
                         "states after the step", self.run_id, info.epoch,
                         list(result.disputed))
             self.state_keeper.mark_suspect()
-        update = self.strategy.on_failure(result.sent) if info.outcome == "failed" \
-            else result.averaged
+        own = len(result.sent) - len(self._buffers)   # the strategy's tensors, then buffers
+        if info.outcome == "failed":
+            update = self.strategy.on_failure(result.sent[:own])
+        else:
+            update = result.averaged[:own] if result.averaged is not None else None
+            if result.averaged is not None and self._buffers:
+                self._take_buffers(result.averaged[own:])
         self.strategy.apply(update)
         if self.scheduler is not None and update is not None:
             self.scheduler.step()
         return update is not None
+
+    def _take_buffers(self, averaged: list[torch.Tensor]) -> None:
+        """The round's averages of the buffers (integer ones rounded)."""
+        with torch.no_grad():
+            for b, value in zip(self._buffers, averaged, strict=True):
+                value = value.view_as(b)
+                if not b.is_floating_point():
+                    value = value.round()
+                b.copy_(value.to(b.dtype))
 
     def _finish_pending(self, block: bool) -> bool:
         """Apply a background round's result if it has ended (or wait, with ``block``)."""
@@ -419,7 +446,8 @@ class Optimizer(torch.optim.Optimizer):
 
     def _assist(self) -> bool:
         """An auxiliary peer's step: help reduce the next round; True if one was joined."""
-        epoch, info = self.rounds.assist(self._tracker, self.state_keeper.epoch, self._params)
+        epoch, info = self.rounds.assist(self._tracker, self.state_keeper.epoch,
+                                         [*self._params, *self._buffers])
         self.state_keeper.epoch = epoch
         if info is None:
             return False
@@ -501,3 +529,19 @@ class Optimizer(torch.optim.Optimizer):
         if exc_info[0] is not None:
             self.rounds.drop()
         self.close()
+
+
+def persistent_buffers(model: torch.nn.Module) -> list[torch.Tensor]:
+    """``model``'s buffers that its ``state_dict`` holds, each once, in the
+    order of ``model.modules()`` (non-persistent ones, such as masks derived
+    from the configuration, are left out)."""
+    seen: set[int] = set()
+    out = []
+    for module in model.modules():
+        for name, buffer in module._buffers.items():
+            if buffer is None or name in module._non_persistent_buffers_set \
+                    or id(buffer) in seen:
+                continue
+            seen.add(id(buffer))
+            out.append(buffer)
+    return out

@@ -93,12 +93,15 @@ class StateKeeper:
 
     def __init__(self, node: TrainingNode, run_id: str, config: OptimizerConfig, *,
                  optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
-                 scheduler: Any, strategy: Strategy) -> None:
+                 scheduler: Any, strategy: Strategy,
+                 buffers: Sequence[torch.Tensor] = ()) -> None:
         self.node = node
         self.run_id = run_id
         self.config = config
         self.optimizer = optimizer
         self.params = list(params)
+        #: the model's buffers that are part of the state (Optimizer's model=)
+        self.buffers = list(buffers)
         self.scheduler = scheduler
         self.strategy = strategy
         self.epoch = 0
@@ -127,13 +130,17 @@ class StateKeeper:
 
     def full_state(self) -> dict[str, Any]:
         """The state as shared and checkpointed: its tensors on the CPU (the
-        live ones where they are there already, copies of the others)."""
-        return on_device({
+        live ones where they are there already, copies of the others); the
+        model's buffers under ``"buffers"`` where it has them."""
+        state = {
             "format": STATE_FORMAT, "epoch": self.epoch, "mode": self.config.mode,
             "params": [p.detach() for p in self.params],
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "diloco": self.strategy.extra_state()}, torch.device("cpu"))
+            "diloco": self.strategy.extra_state()}
+        if self.buffers:
+            state["buffers"] = [b.detach() for b in self.buffers]
+        return on_device(state, torch.device("cpu"))
 
     def load(self, state: Any) -> None:
         """Load a state from a peer or a checkpoint (ConfigError when it does not fit).
@@ -150,6 +157,8 @@ class StateKeeper:
         if not isinstance(epoch, int) or epoch < 0:
             raise ConfigError("the state's epoch is invalid")
         check_like(params, self.params, "parameters")
+        buffers = state.get("buffers")
+        _check_buffers(buffers, self.buffers)
         extra = state.get("diloco")
         self.strategy.check_extra_state(extra)
         try:
@@ -161,6 +170,8 @@ class StateKeeper:
         with torch.no_grad():
             for p, value in zip(self.params, cast(Sequence[torch.Tensor], params), strict=True):
                 p.copy_(value)
+            for b, value in zip(self.buffers, buffers or (), strict=True):
+                b.copy_(value)
         self.strategy.load_extra_state(extra)
         self.epoch = epoch
         self._shared_digest = None   # the digest of the state shared before, not this one
@@ -528,3 +539,22 @@ def on_device(state: Any, device: torch.device) -> Any:
         return items if isinstance(state, list) else type(state)(items) \
             if type(state) is tuple else type(state)(*items)
     return state
+
+
+def _check_buffers(values: Any, reference: Sequence[torch.Tensor]) -> None:
+    """ConfigError unless ``values`` are the model's buffers' like (shapes,
+    dtypes, finite): a state without buffers fits only a model without any."""
+    if not reference:
+        if values is not None:
+            raise ConfigError("the state has model buffers; this optimizer has no model= "
+                              "(every peer of a run passes the same)")
+        return
+    if not isinstance(values, (list, tuple)) or len(values) != len(reference):
+        raise ConfigError(f"the state's model buffers do not match this model "
+                          f"({len(reference)} buffers expected)")
+    for i, (value, ref) in enumerate(zip(values, reference, strict=True)):
+        if not isinstance(value, torch.Tensor) or value.shape != ref.shape \
+                or value.dtype != ref.dtype \
+                or (value.is_floating_point() and not bool(torch.isfinite(value).all())):
+            raise ConfigError(f"the state's model buffer {i} does not fit (expected finite "
+                              f"{ref.dtype} of {tuple(ref.shape)})")

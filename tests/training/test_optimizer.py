@@ -729,3 +729,80 @@ def test_it_is_a_torch_optimizer_sharing_the_wrapped_ones_groups_and_state():
     with pytest.raises(ConfigError, match="cannot take new parameters"):
         opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(1))]})
     opt.close()
+
+
+def test_a_models_buffers_are_averaged_at_each_global_step_and_joiners_get_them():
+    """With ``model=``, BatchNorm's running statistics (and its integer batch
+    count) are averaged with the round: the peers end with identical buffers,
+    though each saw other data; the state a joiner downloads carries them."""
+    torch.manual_seed(0)
+
+    def bn_model() -> torch.nn.Module:
+        torch.manual_seed(1)
+        return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4),
+                                   torch.nn.Linear(4, 1))
+
+    models = [bn_model() for _ in range(2)]
+    with swarm(3) as nodes:   # the third joins later
+        opts = [Optimizer(node=n, run_id="buffers", optimizer=torch.optim.SGD(m.parameters(),
+                                                                               lr=0.05),
+                          target_batch_size=64, batch_size_per_step=16, matchmaking_time=8.0,
+                          model=m)
+                for n, m in zip(nodes[:2], models, strict=True)]
+
+        def loop(i: int) -> None:
+            generator = torch.Generator().manual_seed(i)
+            deadline = time.monotonic() + 90
+            while opts[i].local_epoch < 4:
+                assert time.monotonic() < deadline
+                x = torch.randn(16, 3, generator=generator) * (1 + 4 * i) + 3 * i
+                loss = models[i](x).pow(2).mean()
+                loss.backward()
+                opts[i].step()
+                opts[i].zero_grad()
+        try:
+            in_threads(lambda: loop(0), lambda: loop(1))
+            stats = [o.statistics() for o in opts]
+            bn = [m[1] for m in models]
+            assert stats[0]["averaged"] >= 1, stats
+            assert torch.equal(bn[0].running_mean, bn[1].running_mean), \
+                (stats, [o.round_history() for o in opts])
+            assert torch.equal(bn[0].running_var, bn[1].running_var)
+            assert torch.equal(bn[0].num_batches_tracked, bn[1].num_batches_tracked)
+            assert torch.equal(flat(models[0]), flat(models[1]))
+            # a joiner with fresh buffers downloads the swarm's
+            joiner_model = bn_model()
+            joiner = Optimizer(node=nodes[2], run_id="buffers",
+                               optimizer=torch.optim.SGD(joiner_model.parameters(), lr=0.05),
+                               target_batch_size=64, batch_size_per_step=16,
+                               model=joiner_model)
+            try:
+                deadline = time.monotonic() + 40   # once it has heard the donors' progress
+                while not joiner.sync_state(min_epoch=opts[1].local_epoch, timeout=5):
+                    assert time.monotonic() < deadline, joiner.statistics()
+                    time.sleep(0.5)
+                assert torch.equal(joiner_model[1].running_mean, bn[1].running_mean)
+                assert torch.equal(joiner_model[1].num_batches_tracked,
+                                   bn[1].num_batches_tracked)
+            finally:
+                joiner.close()
+            # a state without the buffers does not fit a model with them, and back
+            state = opts[0].state_dict()
+            assert len(state["buffers"]) == 3
+            # only persistent buffers train (a mask derived from the configuration does not)
+            from p2pdl.training._optimizer import persistent_buffers
+            masked = bn_model()
+            masked.register_buffer("mask", torch.ones(3), persistent=False)
+            assert [b.shape for b in persistent_buffers(masked)] == \
+                [torch.Size([4]), torch.Size([4]), torch.Size([])]
+            plain = Optimizer(node=nodes[0], run_id="buffers-plain",
+                              optimizer=torch.optim.SGD(bn_model().parameters(), lr=0.05),
+                              target_batch_size=64, batch_size_per_step=16)
+            try:
+                with pytest.raises(ConfigError, match="buffers"):
+                    plain.load_state_dict(state)
+            finally:
+                plain.close()
+        finally:
+            for o in opts:
+                o.close()
