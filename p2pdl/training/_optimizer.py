@@ -411,7 +411,10 @@ class Optimizer(torch.optim.Optimizer):
             update = self.strategy.on_failure(result.sent[:own])
         else:
             update = result.averaged[:own] if result.averaged is not None else None
-            if result.averaged is not None and self._buffers:
+            # A partial round zeroes the parts that did not complete (no update
+            # there, alike everywhere): zero is no buffer value, so each peer
+            # keeps its own buffers then (the consistency check follows).
+            if result.averaged is not None and self._buffers and info.outcome != "partial":
                 self._take_buffers(result.averaged[own:])
         self.strategy.apply(update)
         if self.scheduler is not None and update is not None:

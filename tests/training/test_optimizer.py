@@ -806,3 +806,35 @@ def test_a_models_buffers_are_averaged_at_each_global_step_and_joiners_get_them(
         finally:
             for o in opts:
                 o.close()
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_buffers_take_a_rounds_averages_only_when_it_completed(complete):
+    """A complete round sets the buffers to its averages (an integer one
+    rounded); a partial one zeroes what did not complete, which is no
+    buffer value: each peer keeps its own buffers then."""
+    node = FakeNode()
+    node.tracker.view = [fake_progress(0, ready=True)]
+    model = torch.nn.Linear(2, 1, bias=False)
+    torch.nn.init.zeros_(model.weight)
+    model.register_buffer("stat", torch.tensor([1.0, 3.0]))
+    model.register_buffer("count", torch.tensor(4))
+    back = [torch.tensor([[0.5, 0.5]]), torch.tensor([2.0, 0.0]), torch.tensor(6.6)]
+    parts = [SimpleNamespace(completed=True, start=0, end=3),
+             SimpleNamespace(completed=complete, start=3, end=5)]
+    done: concurrent.futures.Future = concurrent.futures.Future()
+    done.set_result(SimpleNamespace(completed=complete, tensors=back, parts=parts,
+                                    group=group(2), excluded=()))
+    node.averaging.futures.append(done)
+    opt = Optimizer(node=node, run_id="offline", target_batch_size=4, batch_size_per_step=4,
+                    optimizer=torch.optim.SGD(model.parameters(), lr=1.0), model=model)
+    model.weight.grad = torch.ones(1, 2)
+    assert opt.step()
+    (call,) = node.averaging.calls
+    assert [t.tolist() for t in call["tensors"][1:]] == [[1.0, 3.0], 4.0]   # values, float32
+    if complete:
+        assert model.stat.tolist() == [2.0, 0.0] and model.count.item() == 7
+    else:
+        assert model.stat.tolist() == [1.0, 3.0] and model.count.item() == 4
+    assert torch.allclose(model.weight, torch.tensor([[-0.5, -0.5]]))   # the update either way
+    opt.close()
