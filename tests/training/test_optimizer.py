@@ -400,7 +400,9 @@ def test_an_auxiliary_peer_helps_and_follows_the_trainers_epoch(task):
                 helper.step()
 
         def trainer(i: int) -> None:
-            train(opts[i], models[i], task.batches(i), epochs=4)
+            # epochs enough for the helper to hear of the run and join: its first
+            # view of the trainers' progress may come after their first epochs
+            train(opts[i], models[i], task.batches(i), epochs=8)
 
         try:
             with concurrent.futures.ThreadPoolExecutor(3) as pool:
