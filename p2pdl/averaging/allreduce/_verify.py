@@ -295,7 +295,7 @@ def verifiable(aggregator: Aggregator) -> bool:
 
 
 def contributor_terms(layout: Layout, part: int, values: torch.Tensor, result: torch.Tensor,
-                      claims: Sequence[ChunkClaim], member: int, *, inplace: bool = False,
+                      claims: Sequence[ChunkClaim], member: int, *,
                       out: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, tuple[float, ...]]:
     """``member``'s weighted terms of ``part`` (float32, one per value: in
@@ -305,17 +305,11 @@ def contributor_terms(layout: Layout, part: int, values: torch.Tensor, result: t
     part exactly as the reducer decoded them (decode its own encoded chunks);
     ``result``: the part as received.  The terms do not depend on a nonce:
     a member computes them once and sketches them for every verifier.  With
-    ``inplace`` (``values`` float32) the terms overwrite ``values``; with
     ``out`` (float32, the part's size, ``values`` itself or apart from it)
     they are written there."""
     import torch
 
-    if out is not None:
-        terms = out
-    elif inplace and values.dtype == torch.float32:
-        terms = values
-    else:
-        terms = torch.empty(result.numel(), dtype=torch.float32)
+    terms = out if out is not None else torch.empty(result.numel(), dtype=torch.float32)
     distances = []
     for chunk, claim in zip(layout.chunks[part], claims, strict=True):
         share = claim.share(member)
@@ -754,9 +748,7 @@ class RoundVerifier:
         theirs = dict(zip(parts, digests, strict=False))
         out = []
         for r in sorted(self.results):
-            claims = self.claims.get(r)
-            if r == verifier or r not in theirs or claims is None \
-                    or not any(self.me in c.contributors for c in claims):
+            if r == verifier or r not in theirs or not self._contributed(r):
                 continue
             out.append((r, self.digests[r], self._report(r, nonce)))
         return out
@@ -768,15 +760,18 @@ class RoundVerifier:
         norms of every part it checks.  Reports and verdicts compute what is
         still missing themselves."""
         for r in sorted(self.results):
-            claims = self.claims.get(r)
-            if claims is not None and any(self.me in c.contributors for c in claims) \
-                    and r not in self._terms:
+            if self._contributed(r) and r not in self._terms:
                 self._terms_of(r)
                 yield r
         for r in self.checked_parts:
             if r not in self._norms:
                 self._norms_of(r)
                 yield r
+
+    def _contributed(self, part: int) -> bool:
+        """Whether the reducer of ``part`` counted this member (its claims name it)."""
+        claims = self.claims.get(part)
+        return claims is not None and any(self.me in c.contributors for c in claims)
 
     def _terms_of(self, part: int) -> tuple[torch.Tensor, tuple[float, ...]]:
         """This member's terms of ``part`` and its distances (computed once)."""
@@ -838,7 +833,7 @@ class RoundVerifier:
     def _reports(self, part: int) -> dict[int, Report | None]:
         """The reports on ``part`` as heard, with this member's own."""
         reports = dict(self.heard.get(part, {}))
-        if any(self.me in c.contributors for c in self.part_claims(part)):
+        if self._contributed(part):
             reports[self.me] = self._report(part, self.nonce)
         return reports
 
