@@ -57,6 +57,7 @@ from .errors import RemoteProtocolError as RemoteProtocolError
 from .errors import RequestError as RequestError
 from .errors import StateSyncError as StateSyncError
 from .errors import StreamClosedError as StreamClosedError
+from .errors import TaskError as TaskError
 from .membership import AllowlistRun as AllowlistRun
 from .membership import Authority as Authority
 from .membership import Certificate as Certificate

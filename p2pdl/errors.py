@@ -29,6 +29,7 @@ __all__ = [
     "RequestError",
     "MatchmakingFailedError",
     "CheckpointError",
+    "TaskError",
 ]
 
 
@@ -38,6 +39,12 @@ class P2PDLError(Exception):
 
 class ConfigError(P2PDLError, ValueError):
     """A configuration value or user argument is invalid; the message says which."""
+
+
+class TaskError(P2PDLError):
+    """A user's training task (``p2pdl train --task``) cannot be loaded, lacks
+    part of the task protocol, or raised: the message names the task, the
+    function and what went wrong."""
 
 
 class IdentityError(P2PDLError):

@@ -231,3 +231,90 @@ def test_tau_takes_a_number_or_auto():
 
     assert tau_value("0.5") == 0.5
     assert tau_value("auto") == tau_value(" AUTO ") == "auto"
+
+
+USER_TASK = '''
+import torch
+
+class Regression:
+    def __init__(self, fail=""):
+        self.batch_size = 8
+        self.fail = fail
+        self.w = torch.randn(4, generator=torch.Generator().manual_seed(0))
+
+    def build_model(self):
+        torch.manual_seed(0)
+        return torch.nn.Linear(4, 1)
+
+    def build_optimizer(self, model):
+        return torch.optim.SGD(model.parameters(), lr=0.05)
+
+    def build_scheduler(self, optimizer):
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+
+    def batches(self, peer_index):
+        g = torch.Generator().manual_seed(100 + peer_index)
+        while True:
+            x = torch.randn(self.batch_size, 4, generator=g)
+            yield x, x @ self.w
+
+    def loss(self, model, batch):
+        x, y = batch
+        if self.fail:
+            raise ValueError("the user's own bug")
+        return torch.nn.functional.mse_loss(model(x).squeeze(-1), y)
+
+    def validation_loss(self, model, max_batches):
+        x = torch.randn(64, 4, generator=torch.Generator().manual_seed(7))
+        with torch.no_grad():
+            return float(torch.nn.functional.mse_loss(model(x).squeeze(-1), x @ self.w))
+
+def make_task(fail=""):
+    return Regression(fail)
+'''
+
+
+@pytest.mark.timeout(150)
+def test_two_peers_train_a_users_task_together(tmp_path):
+    path = tmp_path / "regression_task.py"
+    path.write_text(USER_TASK)
+    common = ["--json-lines", "--target-batch-size", "32", "--max-epochs", "3",
+              "--wait-for-peers", "2", "--matchmaking-time", "5", "--run-id", "user-task",
+              "--task", f"{path}:make_task", "--eval-every", "1"]
+    first = TrainProcess([*common, "--peer-index", "0"])
+    second = None
+    try:
+        ready = first.wait_for_event(lambda e: e["event"] == "ready", 60)
+        assert ready["task"] == f"{path}:make_task"
+        assert ready["batch_size"] == 8 and ready["parameters"] == 5
+        second = TrainProcess([*common, "--peer-index", "1",
+                               "--initial-peers", ready["addrs"][0]])
+        for proc in (first, second):
+            assert proc.finish(timeout=90) == 0, proc.stderr
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    for proc in (first, second):
+        assert "Traceback" not in proc.stderr, proc.stderr
+        done = proc.events[-1]
+        assert done["event"] == "done" and done["reason"] == "max-epochs", done
+        assert done["statistics"]["averaged"] >= 1
+        evals = [e["val_loss"] for e in proc.events if e["event"] == "eval"]
+        assert len(evals) >= 2 and evals[-1] < evals[0]  # the task's model learns
+    stats = [proc.events[-1]["statistics"] for proc in (first, second)]
+    if all(s["averaged"] == s["rounds"] == s["epoch"] for s in stats):
+        assert first.events[-1]["val_loss"] == second.events[-1]["val_loss"], stats
+
+
+@pytest.mark.timeout(90)
+def test_an_error_in_a_users_task_is_one_line_naming_it(tmp_path):
+    path = tmp_path / "buggy_task.py"
+    path.write_text(USER_TASK)
+    result = run_p2pdl("train", *LOOPBACK, "--task", f"{path}:make_task", "--task-arg",
+                       "fail=yes", "--discovery-time", "0", "--max-epochs", "1")
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"p2pdl: error: task {path}:make_task: loss() raised ValueError: "
+                           f"the user's own bug (at {path}:"), last

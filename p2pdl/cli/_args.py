@@ -24,6 +24,7 @@ __all__ = [
     "duration",
     "non_negative_float",
     "non_negative_int",
+    "option_pair",
     "positive_float",
     "positive_int",
     "peer_id_text",
@@ -131,6 +132,16 @@ def run_id_text(text: str) -> str:
     if problem is not None:
         raise argparse.ArgumentTypeError(problem)
     return text
+
+
+def option_pair(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` with KEY a Python identifier (a keyword argument)."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"must be KEY=VALUE with KEY a Python name, "
+                                         f"got {text!r}")
+    return key, value
 
 
 def add_listen(parser: argparse.ArgumentParser, help_default: str = DEFAULT_LISTEN) -> None:

@@ -1,14 +1,19 @@
-"""``p2pdl train``: a training peer of the built-in example task.
+"""``p2pdl train``: a training peer of a task (the built-in example by default).
 
-    p2pdl train [--initial-peers MULTIADDR ...] [--run-id NAME] [--auxiliary | --client-mode]
+    p2pdl train [--task MODULE:FACTORY [--task-arg KEY=VALUE ...]]
+                [--initial-peers MULTIADDR ...] [--run-id NAME] [--auxiliary | --client-mode]
                 [--target-batch-size N] [--batch-size N] [--duration S] [--json-lines]
                 [--authority ID --certificate FILE | --allowlist FILE] [--revocations FILE] ...
 
 One process is one peer: a sync :class:`~p2pdl.Node` (trio in its thread)
-and a :class:`~p2pdl.Optimizer` over the example model
-(:class:`~p2pdl.training.ExampleTask`), trained by a plain loop in the main thread.
-Every peer builds the model from ``ExampleConfig.seed``, so all start from
-the same parameters; each draws its own batches (``--peer-index``).
+and a :class:`~p2pdl.Optimizer` over the task's model, trained by a plain
+loop in the main thread.  The task is the built-in example
+(:class:`~p2pdl.training.ExampleTask`) or the one ``--task`` names (the
+protocol: :mod:`p2pdl.training._task`); :class:`~p2pdl.training.TaskRunner`
+calls it, so that an error in the task's code is one line naming the
+function and the line.  Every peer builds the model from the task's seed, so
+all start from the same parameters; each draws its own batches
+(``--peer-index``).
 
 Output is either human (the addresses, then a status line every
 ``--status-interval`` seconds) or, with ``--json-lines``, one JSON object per
@@ -45,11 +50,13 @@ from typing import Any
 from ..averaging import AGGREGATORS, Aggregator
 from ._args import (
     ATTACK_KINDS,
+    UsageError,
     add_identity,
     add_initial_peers,
     add_listen,
     non_negative_float,
     non_negative_int,
+    option_pair,
     positive_float,
     positive_int,
     run_id_text,
@@ -73,13 +80,16 @@ LOSS_EMA_WEIGHT = 0.1
 AUX_READY_TIMEOUT = 10.0
 #: Held-out batches (of --batch-size windows) per evaluation, by default.
 EVAL_BATCHES = 4
+#: AdamW's learning rate for a task that builds no optimizer (--lr).
+DEFAULT_LR = 1e-3
 #: Longest wait for --wait-for-peers, by default (s).
 WAIT_FOR_PEERS_TIMEOUT = 60.0
 
 #: The events of --json-lines, each one JSON object on one line of stdout.
 EVENTS = {
     "ready": "peer_id, addrs, peer_index, role (trainer | auxiliary), attack (--attack, "
-             "or null), client_mode, run_id, target, batch_size, parameters, membership "
+             "or null), task (--task, or null: the built-in example), client_mode, run_id, "
+             "target, batch_size, parameters, membership "
              "(open | allowlist | certificate), membership_note (the run's mode in words)",
     "started": "training began (after --wait-for-peers): peers",
     "step": "t (s since training began), epoch, loss (moving average of the local "
@@ -102,12 +112,24 @@ EVENTS = {
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``p2pdl train`` to the ``p2pdl`` parser's subcommands."""
     p = sub.add_parser(
-        "train", help="train the built-in example model (a small byte-level transformer on "
-                      "Python's documentation) as one peer of a collaboration",
-        description="Train the built-in example task as one peer: a small transformer language "
-                    "model on the documentation text that ships with Python (no downloads).  "
+        "train", help="train a model as one peer of a collaboration (your task, or the "
+                      "built-in example: a small byte-level transformer on Python's "
+                      "documentation)",
+        description="Train a task as one peer: yours (--task), or the built-in example, a "
+                    "small transformer language model on the documentation text that ships "
+                    "with Python (no downloads).  "
                     "Peers with the same --run-id that reach each other (--initial-peers) "
                     "train one model together.  Ctrl-C or SIGTERM stops it cleanly.")
+    p.add_argument("--task", default=None, metavar="MODULE:FACTORY",
+                   help="train your own task: FACTORY in MODULE (or in a FILE.py) returns an "
+                        "object with batch_size, build_model(), batches(peer_index) and "
+                        "loss(model, batch), and optionally build_optimizer(model), "
+                        "build_scheduler(optimizer) and validation_loss(model, max_batches) "
+                        "(docs/training.md; default: the built-in example, "
+                        "p2pdl.training:ExampleTask)")
+    p.add_argument("--task-arg", action="append", default=[], type=option_pair,
+                   metavar="KEY=VALUE",
+                   help="a keyword argument for --task's factory, as a string (repeatable)")
     p.add_argument("--run-id", default="p2pdl-example", type=run_id_text,
                    help="the collaboration's name; every peer of a run uses the same "
                         "(default: p2pdl-example)")
@@ -123,9 +145,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target-batch-size", type=positive_int, default=256, metavar="N",
                    help="samples the whole swarm processes per global step (default 256)")
     p.add_argument("--batch-size", type=positive_int, default=None, metavar="N",
-                   help="samples per local step (default: the example's 16)")
-    p.add_argument("--lr", type=positive_float, default=1e-3,
-                   help="AdamW learning rate (the inner one with --mode diloco; default 1e-3)")
+                   help="samples per local step of the built-in example (default 16; a "
+                        "--task sets its own batch_size)")
+    p.add_argument("--lr", type=positive_float, default=None,
+                   help="AdamW learning rate (the inner one with --mode diloco; default "
+                        f"{DEFAULT_LR:g}) for a task without build_optimizer")
     p.add_argument("--mode", choices=["dedloc", "diloco"], default="dedloc",
                    help="dedloc: average gradients, one global step per epoch (default); "
                         "diloco: local steps, then average the parameter deltas")
@@ -330,15 +354,17 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
     import torch
 
     from .. import Node, NodeConfig, Optimizer
-    from ..training import ExampleConfig, ExampleTask, count_parameters
+    from ..training import count_parameters
 
     torch.set_num_threads(args.threads)
     with contextlib.suppress(RuntimeError):  # only possible before any parallel work
         torch.set_num_interop_threads(1)
-    example = ExampleConfig() if args.batch_size is None \
-        else ExampleConfig(batch_size=args.batch_size)
-    task = ExampleTask(example)
+    task = _load_task(args)
     model = task.build_model()
+    lr = DEFAULT_LR if args.lr is None else args.lr
+    inner = task.build_optimizer(
+        model, lambda m: torch.optim.AdamW(m.parameters(), lr=lr))
+    scheduler = task.build_scheduler(inner)
 
     config = NodeConfig.build(listen=args.listen, initial_peers=args.initial_peers,
                               identity_path=identity)
@@ -378,10 +404,9 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
             if args.aggregator == "centered_clip" else Aggregator(args.aggregator))
         if args.clip_sent_norm is not None:
             options["clip_sent_norm"] = args.clip_sent_norm
-        opt = Optimizer(node=node, run_id=args.run_id,
-                        optimizer=torch.optim.AdamW(model.parameters(), lr=args.lr),
+        opt = Optimizer(node=node, run_id=args.run_id, optimizer=inner, scheduler=scheduler,
                         target_batch_size=args.target_batch_size,
-                        batch_size_per_step=example.batch_size, **options)
+                        batch_size_per_step=task.batch_size, **options)
         trainer = opt
         if args.attack is not None:
             from ..training import ATTACKS
@@ -392,7 +417,7 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
         out.event("ready", peer_id=str(node.peer_id), addrs=addrs, peer_index=peer_index,
                   role="auxiliary" if args.auxiliary else "trainer", attack=args.attack,
                   client_mode=args.client_mode, run_id=args.run_id,
-                  target=args.target_batch_size, batch_size=example.batch_size,
+                  target=args.target_batch_size, batch_size=task.batch_size, task=args.task,
                   parameters=count_parameters(model), epoch=opt.local_epoch,
                   membership=plan.mode, membership_note=plan.lines[0])
         for addr in addrs:
@@ -430,7 +455,7 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
     stopped = reason in ("signal", "stdout-closed")
     if not args.auxiliary and not stopped:  # a stop should be quick: no final evaluation
         with contextlib.suppress(_Stopped):
-            progress.val_loss = task.validation_loss(model, max_batches=args.eval_batches)
+            progress.val_loss = task.validation_loss(model, args.eval_batches)
     elapsed = progress.elapsed()
     stats = (trainer or opt).statistics()
     sps = progress.samples / elapsed if elapsed > 0 else 0.0
@@ -506,21 +531,48 @@ def _wait_for_peers(opt: Any, args: argparse.Namespace, out: _Output) -> None:
         time.sleep(0.1)
 
 
+def _load_task(args: argparse.Namespace) -> Any:
+    """The task to train, as a :class:`~p2pdl.training.TaskRunner`: the built-in
+    example, or the one ``--task`` names (UsageError for flags that do not
+    apply to it, TaskError for a task that does not load)."""
+    from ..training import ExampleConfig, ExampleTask, TaskRunner, load_task
+
+    if args.task is None:
+        if args.task_arg:
+            raise UsageError("--task-arg: only with --task")
+        example = ExampleConfig() if args.batch_size is None \
+            else ExampleConfig(batch_size=args.batch_size)
+        return TaskRunner(ExampleTask(example), "the example", passthrough=(_Stopped,))
+    if args.batch_size is not None:
+        raise UsageError("--batch-size: only for the built-in example (a --task sets its "
+                         "own batch_size)")
+    keys = [key for key, _ in args.task_arg]
+    twice = sorted({key for key in keys if keys.count(key) > 1})
+    if twice:
+        raise UsageError(f"--task-arg: {', '.join(twice)} given more than once")
+    task, source = load_task(args.task, dict(args.task_arg))
+    runner = TaskRunner(task, args.task, source=source, passthrough=(_Stopped,))
+    if args.lr is not None and runner.has("build_optimizer"):
+        raise UsageError("--lr: the task builds its own optimizer (build_optimizer)")
+    if args.eval_every is not None and not runner.has("validation_loss"):
+        raise UsageError("--eval-every: the task has no validation_loss")
+    return runner
+
+
 def _train_loop(task: Any, model: Any, opt: Any, args: argparse.Namespace, peer_index: int,
                 progress: _Progress, out: _Output) -> str:
-    batches = task.batches(peer_index=peer_index)
-    batch_size = task.config.batch_size
+    task.start(peer_index)
     while True:
         if _deadline_passed(args, progress):
             return "duration"
         if args.max_epochs is not None and opt.local_epoch >= args.max_epochs:
             return "max-epochs"
-        loss = model.loss(next(batches))
-        loss.backward()
+        loss = task.loss(model, task.next_batch())
+        task.backward(loss)
         stepped = opt.step()
         opt.zero_grad()
         progress.add_loss(float(loss.detach()))
-        progress.samples += batch_size
+        progress.samples += task.batch_size
         _report(opt, args, progress, out, stepped)
         if args.eval_every is not None and opt.local_epoch != progress.last_epoch \
                 and opt.local_epoch % args.eval_every == 0:
@@ -573,7 +625,7 @@ def _report(opt: Any, args: argparse.Namespace, progress: _Progress, out: _Outpu
 
 def _evaluate(task: Any, model: Any, opt: Any, args: argparse.Namespace,
               progress: _Progress, out: _Output) -> None:
-    progress.val_loss = task.validation_loss(model, max_batches=args.eval_batches)
+    progress.val_loss = task.validation_loss(model, args.eval_batches)
     out.event("eval", t=finite(progress.elapsed(), 3), epoch=opt.local_epoch,
               val_loss=finite(progress.val_loss))
     out.human(f"eval: epoch {opt.local_epoch} | held-out loss {progress.val_loss:.3f}")

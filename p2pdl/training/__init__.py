@@ -11,6 +11,8 @@ Modules:
 * ``_merge`` -- merging states the peers at an epoch agree on no majority for
   (the weighted lower median of every value).
 * ``_checkpoint`` -- atomic checkpoints (temp file, fsync, rename) and resuming.
+* ``_task`` -- the protocol of a training task (``p2pdl train --task``) and
+  :class:`TaskRunner`, which calls one and names its errors.
 * ``_example`` -- the built-in example task: a small transformer language
   model on the documentation text that ships with CPython (no downloads).
 * ``_attacks`` -- members that misbehave on purpose (``ATTACKS``: each kind
@@ -44,6 +46,9 @@ from ._state_keeping import StateKeeper as StateKeeper
 from ._strategies import DeDLOCStrategy as DeDLOCStrategy
 from ._strategies import DiLoCoStrategy as DiLoCoStrategy
 from ._strategies import Strategy as Strategy
+from ._task import Task as Task
+from ._task import TaskRunner as TaskRunner
+from ._task import load_task as load_task
 from .config import OptimizerConfig as OptimizerConfig
 
 _LAZY = ("GradientScaler", "GaussianNoise", "WeightInflater", "ALIE", "LyingReducer",

@@ -355,6 +355,10 @@ class BatchStream(Iterator[torch.Tensor]):
 class ExampleTask:
     """The corpus split for one ``ExampleConfig``, and what a training peer needs of it.
 
+    It is a task of ``p2pdl train --task`` (``p2pdl.training:ExampleTask``,
+    what ``p2pdl train`` runs without one): ``batch_size``, ``build_model``,
+    ``batches``, ``loss`` and ``validation_loss``.
+
     Attributes:
         config: the settings.
         train_tokens: the first ``1 - holdout_fraction`` of the corpus's bytes.
@@ -381,9 +385,18 @@ class ExampleTask:
                 f"{len(self.holdout_tokens)} held-out bytes; each needs at least one window "
                 f"of context_length + 1 = {window}")
 
+    @property
+    def batch_size(self) -> int:
+        """Samples per batch (``config.batch_size``)."""
+        return self.config.batch_size
+
     def build_model(self) -> TinyTransformerLM:
         """Return a new model with the seeded initial parameters."""
         return TinyTransformerLM(self.config)
+
+    def loss(self, model: TinyTransformerLM, batch: torch.Tensor) -> torch.Tensor:
+        """The model's mean next-token loss on ``batch`` (``model.loss``)."""
+        return model.loss(batch)
 
     def batches(self, peer_index: int = 0) -> BatchStream:
         """Return peer ``peer_index``'s endless stream of training batches.
