@@ -26,6 +26,8 @@ Layers, bottom to top; a layer imports only the layers below it
   sync and asyncio face).
 * ``p2pdl.cli`` -- the ``p2pdl`` command.
 * ``p2pdl.testing`` -- real nodes on loopback for tests and simulations.
+* ``p2pdl.hf`` -- a ``transformers.Trainer`` that trains with the swarm
+  (``pip install p2pdl[hf]``; imported only when imported by name).
 * ``p2pdl.netlab`` -- the emulated internet (network namespaces, NAT, caps).
 """
 

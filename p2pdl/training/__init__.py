@@ -11,6 +11,8 @@ Modules:
 * ``_merge`` -- merging states the peers at an epoch agree on no majority for
   (the weighted lower median of every value).
 * ``_checkpoint`` -- atomic checkpoints (temp file, fsync, rename) and resuming.
+* ``_devices`` -- :class:`HostStaging`: what a round sends from a device (GPU)
+  staged in reused host buffers; results brought back next to their tensors.
 * ``_task`` -- the protocol of a training task (``p2pdl train --task``) and
   :class:`TaskRunner`, which calls one and names its errors.
 * ``_example`` -- the built-in example task: a small transformer language

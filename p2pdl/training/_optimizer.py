@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import ConfigError, NodeClosedError
+from ._devices import HostStaging
 from ._node_api import TrainingNode, TrainingTracker, check_training_node
 from ._rounds import RoundInfo, RoundResult, Rounds
 from ._state_keeping import CatchUp, StateKeeper
@@ -159,6 +160,8 @@ class Optimizer(torch.optim.Optimizer):
         self._closed = False
         self.last_round: RoundInfo | None = None
         self.strategy: Strategy = make_strategy(config, optimizer, self._params)
+        #: host buffers for what rounds send from a device (GPU) peer
+        self._staging = HostStaging()
         self.rounds = Rounds(node, run_id, config)
         self.state_keeper = StateKeeper(node, run_id, config, optimizer=optimizer,
                                         params=self._params, scheduler=scheduler,
@@ -314,6 +317,28 @@ class Optimizer(torch.optim.Optimizer):
             return stepped
         return self._global_step(progress) or stepped
 
+    async def astep(self, closure: Callable[[], Any] | None = None, *,
+                    batch_size: int | None = None) -> bool:
+        """:meth:`step` for asyncio and trio programs: it runs in a worker
+        thread (``asyncio.to_thread`` or ``trio.to_thread.run_sync``, whichever
+        loop awaits it), so the event loop goes on while a round runs.  The
+        same rules as ``step``: one call at a time; the gradients are the
+        ones ``backward`` left in the parameters.  Cancelling the awaiting
+        task waits for the step to end (a round is bounded by its limits).
+        """
+        def call() -> bool:
+            return self.step(closure, batch_size=batch_size)
+
+        import asyncio
+
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            import trio
+
+            return await trio.to_thread.run_sync(call)
+        return await asyncio.to_thread(call)
+
     # -- global steps --------------------------------------------------------------
 
     def _global_step(self, progress: GlobalProgress) -> bool:
@@ -330,7 +355,9 @@ class Optimizer(torch.optim.Optimizer):
             return False
         sent = self.strategy.round_tensors(samples)
         clip_total_norm(sent, self.config.clip_sent_norm)
-        sent += [b.detach().to(torch.float32, copy=True) for b in self._buffers]
+        sent += [b.detach().to(torch.float32, copy=b.device.type == "cpu")
+                 for b in self._buffers]
+        sent = self._staging.stage(sent)   # device tensors into host buffers
         if self.config.delay_updates and not alone:
             self._finish_pending(block=True)
             self.rounds.start_background(epoch, sent, samples)

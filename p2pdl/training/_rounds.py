@@ -317,7 +317,7 @@ class Rounds:
                 break
             time.sleep(AUXILIARY_POLL)  # this epoch's round is done: wait for the next epoch
         self._assisted = epoch
-        shapes = [torch.zeros_like(p, dtype=torch.float32) for p in params]
+        shapes = [torch.zeros(p.shape, dtype=torch.float32) for p in params]  # on the host
         start = time.monotonic()
         self._counters["rounds"] += 1
         outcome = self.wait(self.start(epoch, shapes, 0, auxiliary=True))

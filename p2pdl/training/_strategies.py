@@ -22,6 +22,7 @@ from typing import Any, Protocol
 import torch
 
 from ..errors import ConfigError
+from ._devices import to_device
 from .config import ON_FAILURE, OptimizerConfig
 
 __all__ = ["Strategy", "DeDLOCStrategy", "DiLoCoStrategy", "make_strategy", "check_like",
@@ -147,7 +148,7 @@ class DeDLOCStrategy:
         if averaged is None:
             return
         for p, g in zip(self._params, averaged, strict=True):
-            p.grad = g.to(p.dtype).view_as(p)
+            p.grad = to_device(g, p)
         clip_gradients(self._params, self._clip_grad_norm)
         self._optimizer.step()
         self._optimizer.zero_grad(set_to_none=True)
@@ -210,7 +211,7 @@ class DiLoCoStrategy:
             for p, anchor, momentum, d in zip(self._params, self.anchor, self.momentum, deltas,
                                               strict=True):
                 if averaged is not None:
-                    d = d.view_as(anchor)
+                    d = to_device(d, anchor)
                     momentum.mul_(mu).add_(d)
                     anchor.sub_(d + mu * momentum, alpha=lr)
                 p.copy_(anchor)

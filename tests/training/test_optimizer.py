@@ -30,6 +30,7 @@ from p2pdl.training import (
 )
 
 from .fake_node import FakeNode, group
+from .fake_node import averaged as fake_averaged
 from .fake_node import progress as fake_progress
 from .fake_node import report as fake_report
 
@@ -840,3 +841,120 @@ def test_buffers_take_a_rounds_averages_only_when_it_completed(complete):
         assert model.stat.tolist() == [1.0, 3.0] and model.count.item() == 4
     assert torch.allclose(model.weight, torch.tensor([[-0.5, -0.5]]))   # the update either way
     opt.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_mixed_precision_peers_stay_identical_and_an_overflowed_batch_counts_nothing(
+        task, dtype):
+    """autocast (bf16 and fp16 on the CPU) with a GradScaler: the scaler
+    unscales the gradients before ``step`` counts them; a batch whose
+    gradients overflowed is skipped by the scaler, so the peer contributes
+    nothing of it, and both peers still step together and end identical."""
+    models = [task.build_model() for _ in range(2)]
+    steps = [0, 0]
+    scalers = [torch.amp.GradScaler("cpu", init_scale=2.0**12) for _ in range(2)]
+
+    def run(i: int, opt: Optimizer) -> None:
+        batches = task.batches(i)
+        deadline = time.monotonic() + 90
+        while opt.local_epoch < 4:
+            assert time.monotonic() < deadline, f"epoch {opt.local_epoch} of 4 in time"
+            with torch.autocast("cpu", dtype=dtype):
+                loss = models[i].loss(next(batches))
+            if i == 0 and steps[0] == 1:
+                loss = loss * float("inf")   # this batch's gradients overflow
+            scalers[i].scale(loss).backward()
+            scalers[i].step(opt)
+            scalers[i].update()
+            opt.zero_grad()
+            steps[i] += 1
+
+    with swarm(2) as nodes:
+        opts = [make_opt(n, m, f"amp-{dtype}", target=32)
+                for n, m in zip(nodes, models, strict=True)]
+        try:
+            in_threads(*(lambda i=i: run(i, opts[i]) for i in range(2)))
+            stats = [o.statistics() for o in opts]
+        finally:
+            for o in opts:
+                o.close()
+    assert stats[0]["local_steps"] == steps[0] - 1   # the overflowed batch was never counted
+    assert stats[1]["local_steps"] == steps[1]
+    assert scalers[0].get_scale() < 2.0**12 <= scalers[1].get_scale()   # peer 0 overflowed
+    assert all(torch.isfinite(p).all() for m in models for p in m.parameters())
+    assert all(s["averaged"] >= 1 for s in stats), stats
+    if all(s["averaged"] == s["rounds"] == s["epoch"] for s in stats):
+        assert torch.equal(flat(models[0]), flat(models[1])), stats
+
+
+def _slow_round(node: FakeNode, delay: float) -> None:
+    """The next round ends ``delay`` seconds after it starts, averaging two members."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    node.averaging.futures.append(future)
+
+    def finish() -> None:
+        time.sleep(delay)
+        future.set_result(fake_averaged([torch.tensor([[0.5, 0.5]])], members=2))
+
+    threading.Thread(target=finish, daemon=True).start()
+
+
+@pytest.mark.parametrize("library", ["asyncio", "trio"])
+def test_astep_steps_from_an_event_loop_without_blocking_it(library):
+    """``await opt.astep()`` from asyncio and trio: the round runs in a worker
+    thread while the loop's other tasks go on."""
+    node = FakeNode()
+    node.tracker.view = [fake_progress(0, ready=True)]
+    opt, model = offline(node)
+    ticks = []
+
+    def backward() -> None:
+        model.zero_grad()
+        model(torch.tensor([[1.0, 1.0]])).sum().backward()
+
+    async def asyncio_main() -> bool:
+        import asyncio
+
+        async def ticker() -> None:
+            while True:
+                ticks.append(time.monotonic())
+                await asyncio.sleep(0.02)
+
+        task = asyncio.create_task(ticker())
+        backward()
+        _slow_round(node, 0.4)
+        stepped = await opt.astep(batch_size=4)
+        task.cancel()
+        return stepped
+
+    async def trio_main() -> bool:
+        import trio
+
+        result = []
+        async with trio.open_nursery() as nursery:
+            async def ticker() -> None:
+                while True:
+                    ticks.append(time.monotonic())
+                    await trio.sleep(0.02)
+
+            nursery.start_soon(ticker)
+            backward()
+            _slow_round(node, 0.4)
+            result.append(await opt.astep(batch_size=4))
+            nursery.cancel_scope.cancel()
+        return result[0]
+
+    try:
+        if library == "asyncio":
+            import asyncio
+
+            stepped = asyncio.run(asyncio_main())
+        else:
+            import trio
+
+            stepped = trio.run(trio_main)
+    finally:
+        opt.close()
+    assert stepped and opt.local_epoch == 1 and opt.last_round.outcome == "averaged"
+    assert torch.allclose(model.weight, torch.tensor([[0.75, 1.75]]))  # lr 0.5 x [0.5, 0.5]
+    assert len(ticks) >= 10   # the loop ran its other task while the round took 0.4 s
