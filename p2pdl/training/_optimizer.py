@@ -89,8 +89,11 @@ class Optimizer(torch.optim.Optimizer):
             averaged, shared and checkpointed.
         target_batch_size: samples the whole swarm processes per epoch.
         batch_size_per_step: samples per ``step()`` (or pass ``batch_size``).
-        scheduler: an LR scheduler of ``optimizer`` (or a callable that makes
-            one from it), stepped once per global epoch.
+        scheduler: an LR scheduler of ``optimizer``, or a callable that makes
+            one from this optimizer (``lambda opt: CosineAnnealingLR(opt,
+            1000)``; the parameter groups are the same): p2pdl steps it once
+            per global epoch, and its state is part of the shared state.
+            Training code must not step it too.
         config: an :class:`OptimizerConfig`; keyword arguments replace its fields.
         model: the module whose buffers (the persistent ones, which its
             ``state_dict`` holds: BatchNorm's running statistics and the
@@ -150,7 +153,7 @@ class Optimizer(torch.optim.Optimizer):
         #: the model's buffers that train with the parameters (model=)
         self._buffers: list[torch.Tensor] = [] if model is None else persistent_buffers(model)
         if callable(scheduler) and not hasattr(scheduler, "step"):
-            scheduler = scheduler(optimizer)
+            scheduler = scheduler(self)   # its param_groups are the wrapped optimizer's
         if scheduler is not None and not hasattr(scheduler, "state_dict"):
             raise ConfigError("scheduler must be an LR scheduler (with step and state_dict)")
         self.scheduler = scheduler

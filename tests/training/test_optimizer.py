@@ -958,3 +958,33 @@ def test_astep_steps_from_an_event_loop_without_blocking_it(library):
     assert stepped and opt.local_epoch == 1 and opt.last_round.outcome == "averaged"
     assert torch.allclose(model.weight, torch.tensor([[0.75, 1.75]]))  # lr 0.5 x [0.5, 0.5]
     assert len(ticks) >= 10   # the loop ran its other task while the round took 0.4 s
+
+
+def test_a_scheduler_built_from_the_optimizer_steps_once_per_global_epoch():
+    """``scheduler=lambda opt: ...`` gets the p2pdl optimizer; p2pdl steps the
+    scheduler at each global step, however many local steps the epoch took,
+    and its state travels with the optimizer's."""
+    node = FakeNode()
+    built = []
+
+    def factory(opt: Optimizer) -> torch.optim.lr_scheduler.LRScheduler:
+        built.append(opt)
+        return torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    opt, model = offline(node, scheduler=factory)
+    assert built == [opt] and opt.scheduler.optimizer is opt
+    for epoch, local_steps in enumerate((1, 3, 2)):
+        # local steps with no round due, then one with the round ready
+        node.tracker.view = [fake_progress(epoch, ready=False)] * (2 * local_steps - 2) + \
+            [fake_progress(epoch, ready=True)] * 2
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.set_result(fake_averaged([torch.tensor([[0.5, 0.5]])], members=2))
+        node.averaging.futures.append(future)
+        for _ in range(local_steps):
+            model.zero_grad()
+            model(torch.tensor([[1.0, 1.0]])).sum().backward()
+            opt.step()
+        assert opt.local_epoch == epoch + 1
+        assert opt.optimizer.param_groups[0]["lr"] == 0.5 * 0.5 ** (epoch + 1)
+    assert opt.state_dict()["scheduler"]["last_epoch"] == 3
+    opt.close()
