@@ -18,8 +18,7 @@ serves its state to a joiner: half of them mid-round.  The first peer is
 never killed.  After the last kill every peer trains ``--settle-epochs`` (5)
 more epochs and stops at the same epoch.
 
-Keys, per churn level (``runs``), with the goals of the issue that asked
-for them:
+Keys, per churn level (``runs``), with their goals:
 
 * ``loss_ratio_vs_no_churn``: the first peer's held-out MSE at the highest
   epoch every run reached, over the run without churn's at that epoch (goal

@@ -16,7 +16,7 @@ import p2pdl.dht as dht
 import p2pdl.membership as membership
 import p2pdl.nat as nat
 import p2pdl.progress as progress
-import p2pdl.training as training
+import p2pdl.statesync as statesync
 import p2pdl.wire as wire
 from p2pdl.averaging import (
     AGGREGATORS,
@@ -55,10 +55,10 @@ from p2pdl.progress import PROGRESS_PROTOCOL_ID, SNAPSHOT_PREFIX, ProgressConfig
 from p2pdl.progress import _messages as progress_messages
 from p2pdl.progress import config as progress_config
 from p2pdl.progress._service import ALONE_READ_INTERVAL, MAX_PUSH_BACKOFF
+from p2pdl.statesync import STATESYNC_PROTOCOL_ID, StateSyncConfig
 from p2pdl.statesync import _messages as ss_messages
 from p2pdl.statesync import _state as ss_state
 from p2pdl.statesync import config as ss_config
-from p2pdl.training import STATESYNC_PROTOCOL_ID, StateSyncConfig
 from p2pdl.wire import PING_PROTOCOL_ID, WireConfig
 from p2pdl.wire._ping import MAX_PING_PAYLOAD
 
@@ -104,7 +104,7 @@ def test_every_spec_states_its_protocol_id_literally():
 
 
 def test_every_protocol_id_in_the_code_has_a_spec():
-    ids_in_code = {v for module in (wire, nat, dht, progress, averaging, training, membership)
+    ids_in_code = {v for module in (wire, nat, dht, progress, averaging, statesync, membership)
                    for k, v in vars(module).items()
                    if k.endswith("PROTOCOL_ID")}
     assert ids_in_code <= set(CODE_IDS.values())

@@ -80,7 +80,8 @@ class Aggregator:
             tuning per model.  Default 1.0
             (BTARD's ALBERT runs); a number must be chosen near the norm of
             honest differences, or gradients clipped in the Optimizer
-            (``OptimizerConfig.clip_norm``) so that it is.
+            (``OptimizerConfig.clip_sent_norm``: what each peer sends) so
+            that it is.
         iterations: CenteredClip's most iterations.  They cost almost
             nothing (they run on a Gram matrix of the contributors, not on
             the values), so the default is 100, past BTARD's 20: the result

@@ -30,7 +30,6 @@ from ._lookup import Lookup as Lookup
 from ._lookup import LookupStats as LookupStats
 from ._messages import DHT_PROTOCOL as DHT_PROTOCOL
 from ._messages import DHT_PROTOCOL_ID as DHT_PROTOCOL_ID
-from ._messages import PROTOCOL_ID as PROTOCOL_ID
 from ._records import Item as Item
 from ._records import Record as Record
 from ._records import RecordStore as RecordStore

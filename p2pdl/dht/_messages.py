@@ -18,8 +18,6 @@ from .config import (
 )
 
 DHT_PROTOCOL_ID = "/p2pdl/dht/1.0.0"
-#: This protocol's id (every protocol package exports it under this name).
-PROTOCOL_ID = DHT_PROTOCOL_ID
 
 #: Length of a target in the key space (SHA-256).
 TARGET_SIZE = 32

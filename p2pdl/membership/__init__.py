@@ -30,7 +30,6 @@ from ._certificates import RevocationList as RevocationList
 from ._certificates import peer_id_problem as peer_id_problem
 from ._messages import MEMBERSHIP_PROTOCOL as MEMBERSHIP_PROTOCOL
 from ._messages import MEMBERSHIP_PROTOCOL_ID as MEMBERSHIP_PROTOCOL_ID
-from ._messages import PROTOCOL_ID as PROTOCOL_ID
 from ._service import MembershipService as MembershipService
 from ._service import MembershipStatistics as MembershipStatistics
 from ._service import revocation_key as revocation_key

@@ -21,12 +21,10 @@ from ..service import RunId
 from ..wire import MaxLen, Message, Range, RpcProtocol
 from .config import MAX_CERTIFICATE_SIZE, MAX_REVOCATION_LIST_SIZE, MAX_SEQUENCE
 
-__all__ = ["MEMBERSHIP_PROTOCOL_ID", "PROTOCOL_ID", "MEMBERSHIP_PROTOCOL", "Hello", "Welcome",
+__all__ = ["MEMBERSHIP_PROTOCOL_ID", "MEMBERSHIP_PROTOCOL", "Hello", "Welcome",
            "GetRevocations", "Revocations"]
 
 MEMBERSHIP_PROTOCOL_ID = "/p2pdl/membership/1.0.0"
-#: This protocol's id (every protocol package exports it under this name).
-PROTOCOL_ID = MEMBERSHIP_PROTOCOL_ID
 
 CertificateBytes = Annotated[bytes, MaxLen(MAX_CERTIFICATE_SIZE)]
 RevocationBytes = Annotated[bytes, MaxLen(MAX_REVOCATION_LIST_SIZE)]

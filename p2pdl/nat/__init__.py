@@ -13,7 +13,6 @@ themselves are host features (``p2pdl.net``).  Modules:
 
 from ._messages import DIALBACK as DIALBACK
 from ._messages import DIALBACK_PROTOCOL_ID as DIALBACK_PROTOCOL_ID
-from ._messages import PROTOCOL_ID as PROTOCOL_ID
 from ._messages import DialBackRequest as DialBackRequest
 from ._messages import DialBackResponse as DialBackResponse
 from ._messages import DialBackResult as DialBackResult

@@ -7,8 +7,6 @@ from typing import Annotated, Literal
 from ..wire import MaxLen, Message, RpcProtocol
 
 DIALBACK_PROTOCOL_ID = "/p2pdl/dialback/1.0.0"
-#: This protocol's id (every protocol package exports it under this name).
-PROTOCOL_ID = DIALBACK_PROTOCOL_ID
 
 #: Hard bound on addresses in one request, whatever a node's configuration says.
 MAX_DIALBACK_ADDRS = 16

@@ -22,7 +22,6 @@ signed reports support.  Reach it as ``node.progress``.  Modules:
 
 from ._messages import PROGRESS_PROTOCOL as PROGRESS_PROTOCOL
 from ._messages import PROGRESS_PROTOCOL_ID as PROGRESS_PROTOCOL_ID
-from ._messages import PROTOCOL_ID as PROTOCOL_ID
 from ._messages import Report as Report
 from ._messages import SnapshotEntry as SnapshotEntry
 from ._messages import sign_report as sign_report

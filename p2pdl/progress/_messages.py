@@ -40,8 +40,6 @@ __all__ = ["PROGRESS_PROTOCOL_ID", "PROGRESS_PROTOCOL", "Report", "Push", "Repor
            "verify_report"]
 
 PROGRESS_PROTOCOL_ID = "/p2pdl/progress/1.0.0"
-#: This protocol's id (every protocol package exports it under this name).
-PROTOCOL_ID = PROGRESS_PROTOCOL_ID
 SIGNATURE_DOMAIN = "p2pdl/progress/report/1"
 
 PeerBytes = Annotated[bytes, MaxLen(MAX_PEER_ID_SIZE)]

@@ -30,7 +30,7 @@ import dataclasses
 import logging
 import math
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 import trio
@@ -39,9 +39,12 @@ from libp2p.peer.id import ID
 from .._concurrency import open_service_nursery
 from ..dht import DHTService, Schema
 from ..errors import CallTimeoutError, ConfigError, LocalProtocolError, P2PDLError
+from ..net import Host
 from ..service import (
+    Call,
+    FlagBook,
+    MembershipView,
     ReachabilityView,
-    Role,
     RpcEndpoint,
     ServiceContext,
     Statistics,
@@ -58,7 +61,6 @@ from ._messages import (
     Reports,
     SnapshotEntry,
     sign_report,
-    verify_report,
 )
 from ._state import (
     GlobalProgress,
@@ -67,8 +69,9 @@ from ._state import (
     PublishPolicy,
     RateEMA,
     Verdict,
-    check_report_values,
     check_role_caps,
+    screen_report,
+    to_peer_report,
 )
 from .config import (
     MAX_ADDRS,
@@ -145,10 +148,17 @@ MAX_PUSH_BACKOFF = 60.0
 ALONE_READ_INTERVAL = 0.25
 
 
-def _peer_report(report: Report) -> PeerReport:
-    return PeerReport(report.peer_id, report.epoch, report.samples_accumulated,
-                      report.samples_per_second, report.time, report.client_mode,
-                      report.auxiliary)
+@dataclasses.dataclass(frozen=True)
+class _Dependencies:
+    """What a tracker uses of its node, handed over by the service."""
+
+    host: Host
+    call: Call
+    clock: Callable[[], float]
+    dht: DHTService
+    reachability: ReachabilityView
+    members: MembershipView
+    flags: FlagBook
 
 
 class ProgressService:
@@ -156,13 +166,8 @@ class ProgressService:
 
     def __init__(self, context: ServiceContext, config: ProgressConfig | None = None, *,
                  dht: DHTService, reachability: ReachabilityView) -> None:
-        self._host = context.host
-        self._call = context.call
-        self._clock = context.clock
-        self._dht = dht
-        self._reachability = reachability
-        self._members = context.members
-        self._flags = context.flags
+        self._deps = _Dependencies(context.host, context.call, context.clock, dht,
+                                   reachability, context.members, context.flags)
         self.config = config or ProgressConfig()
         self._trackers: dict[str, ProgressTracker] = {}
         self._unknown_run = 0
@@ -213,7 +218,7 @@ class ProgressService:
         if tracker is None:
             return None
         if report is not None:
-            tracker._take_evidence(report, peer)
+            tracker.take_evidence(report, peer)
         return tracker.reported_samples(peer, epoch)
 
     def signed_report(self, run_id: str, epoch: int) -> Report | None:
@@ -224,7 +229,7 @@ class ProgressService:
         no such run or signed no report at that epoch.
         """
         tracker = self._trackers.get(run_id)
-        return None if tracker is None else tracker._own_by_epoch.get(epoch)
+        return None if tracker is None else tracker.own_report(epoch)
 
     async def handle(self, ctx: RequestContext, request: Message) -> Message:
         assert isinstance(request, Push)
@@ -232,7 +237,7 @@ class ProgressService:
         if tracker is None:
             self._unknown_run += len(request.reports)
             return Reports()
-        return tracker._on_push(ctx.peer_id, request)
+        return tracker.on_push(ctx.peer_id, request)
 
     @asynccontextmanager
     async def track(self, run_id: str, target_batch_size: int, *, auxiliary: bool = False,
@@ -262,17 +267,15 @@ class ProgressService:
             raise ConfigError(f"this node already tracks {len(self._trackers)} runs "
                               f"(max_runs)")
         async with open_service_nursery() as nursery:
-            tracker = ProgressTracker(self, run_id, target_batch_size, auxiliary, client_mode,
-                                      config, nursery)
+            tracker = ProgressTracker(self._deps, run_id, target_batch_size, auxiliary,
+                                      client_mode, config, nursery)
             self._trackers[run_id] = tracker
             try:
-                nursery.start_soon(tracker._publisher)
-                nursery.start_soon(tracker._anti_entropy)
-                nursery.start_soon(tracker._snapshots)
+                tracker.start()
                 yield tracker
             finally:
                 del self._trackers[run_id]
-                tracker._closed = True
+                tracker.close()
                 nursery.cancel_scope.cancel()
 
 
@@ -283,20 +286,20 @@ class ProgressTracker:
     or await :meth:`wait_ready`; call :meth:`update_epoch` after the step.
     """
 
-    def __init__(self, service: ProgressService, run_id: str, target_batch_size: int,
+    def __init__(self, deps: _Dependencies, run_id: str, target_batch_size: int,
                  auxiliary: bool, client_mode: bool | None, config: ProgressConfig,
                  nursery: trio.Nursery) -> None:
-        self._service = service
+        self._deps = deps
         self.run_id = run_id
         self.target_batch_size = target_batch_size
         self.auxiliary = auxiliary
         self._client_mode = client_mode
         self.config = config
         self._nursery = nursery
-        self._host = service._host
-        self._clock = service._clock
-        self._peer_id: ID = service._host.peer_id
-        self._key = service._host.libp2p.get_private_key()
+        self._host = deps.host
+        self._clock = deps.clock
+        self._peer_id: ID = deps.host.peer_id
+        self._key = deps.host.libp2p.get_private_key()
         self._view = ProgressView(self._peer_id.to_bytes(), target_batch_size, config)
         self._policy = PublishPolicy(config)
         self._ema = RateEMA(config.rate_half_life)
@@ -324,6 +327,20 @@ class ProgressTracker:
         self._flagged_ahead: dict[bytes, int] = {}          # peer -> quorum epoch flagged at
         self._credential_warned = False
 
+    def start(self) -> None:
+        """Start the tracker's tasks (publishing, anti-entropy, snapshots) in its nursery."""
+        self._nursery.start_soon(self._publisher)
+        self._nursery.start_soon(self._anti_entropy)
+        self._nursery.start_soon(self._snapshots)
+
+    def close(self) -> None:
+        """Stop publishing and pushing (the service cancels the tasks)."""
+        self._closed = True
+
+    def own_report(self, epoch: int) -> Report | None:
+        """This peer's last signed report at ``epoch`` (its two latest epochs kept)."""
+        return self._own_by_epoch.get(epoch)
+
     # -- the local peer ---------------------------------------------------------
 
     @property
@@ -342,7 +359,7 @@ class ProgressTracker:
     def client_mode(self) -> bool:
         if self._client_mode is not None:
             return self._client_mode
-        return self._service._reachability.client_mode
+        return self._deps.reachability.client_mode
 
     def report(self, samples_accumulated: int, epoch: int | None = None, *,
                samples_per_second: float | None = None) -> None:
@@ -501,7 +518,7 @@ class ProgressTracker:
             report = self._view.report_of(peer)
             claimed = report.epoch if report is not None else "?"
             self._counters["flagged_epoch_ahead"] += 1
-            self._service._flags.flag(peer, self.run_id, "epoch_ahead", now,
+            self._deps.flags.flag(peer, self.run_id, "epoch_ahead", now,
                                       f"reports epoch {claimed}, the quorum is at "
                                       f"{progress.quorum_epoch}")
         if len(self._flagged_ahead) > self.config.max_peers:
@@ -527,36 +544,24 @@ class ProgressTracker:
             return Verdict.STALE
         if report.peer_id == self._view.local_peer:
             return Verdict.SELF
-        reason = check_report_values(_peer_report(report), now, self.config)
-        if reason is not None:
-            self._counters["dropped_absurd"] += 1
-            logger.debug("run %s: dropped a report of %s: %s", self.run_id,
-                         _short(report.peer_id), reason)
-            return None
-        peer = verify_report(report)
-        if peer is None:
-            self._counters["dropped_bad_signature"] += 1
-            logger.debug("run %s: dropped a report with a bad signature (claims %s, from %s)",
-                         self.run_id, _short(report.peer_id), sender)
-            return None
-        members = self._service._members
-        if not members.is_member(peer, self.run_id):
-            if report.credential is None or not members.learn(peer, self.run_id,
-                                                              report.credential):
-                self._counters["dropped_not_member"] += 1
-                logger.debug("run %s: dropped a report of %s: not a member", self.run_id,
-                             _short(report.peer_id))
-                return None
+        screened = screen_report(report, now, self.run_id, self.config, self._deps.members,
+                                 learn=True)
+        if screened.learnt:
             self._counters["credentials_learnt"] += 1
-        role = members.role_of(peer, self.run_id)
-        if role is Role.MONITOR:
-            # A monitor follows the run: it gets the gossip, its reports count
-            # for nothing (not in the view, not forwarded, no evidence).
-            self._counters["ignored_monitor"] += 1
-            self._add_contact(report.peer_id, now + self.config.report_ttl)
+        if screened.drop is not None:
+            self._counters[screened.drop] += 1
+            if screened.drop == "ignored_monitor":
+                # A monitor follows the run: it gets the gossip, its reports count
+                # for nothing (not in the view, not forwarded, no evidence).
+                self._add_contact(report.peer_id, now + self.config.report_ttl)
+            else:
+                logger.debug("run %s: dropped a report of %s (from %s): %s", self.run_id,
+                             _short(report.peer_id), sender, screened.reason)
             return None
+        peer = screened.peer
+        assert peer is not None
         live = sender is not None and sender.to_bytes() == report.peer_id
-        verdict = self._view.offer(_peer_report(report), now, live=live, role=role)
+        verdict = self._view.offer(to_peer_report(report), now, live=live, role=screened.role)
         if verdict is Verdict.ACCEPTED:
             self._counters["reports_accepted"] += 1
             self._signed[report.peer_id] = report
@@ -578,10 +583,10 @@ class ProgressTracker:
         elif verdict is Verdict.IMPOSSIBLE:
             self._counters["dropped_impossible"] += 1
             kind, detail = self._view.last_problem or ("impossible_samples", "")
-            self._service._flags.flag(peer, self.run_id, kind, now, detail)
+            self._deps.flags.flag(peer, self.run_id, kind, now, detail)
         return verdict
 
-    def _take_evidence(self, report: Report, sender: ID) -> None:
+    def take_evidence(self, report: Report, sender: ID) -> None:
         """A report ``sender`` attached to a claim of its own: taken like its push."""
         self._counters["evidence_received"] += 1
         now = self._clock()
@@ -611,31 +616,22 @@ class ProgressTracker:
         first report at its epoch."""
         if abs(report.epoch - self._epoch) > 1:
             return True   # no evidence is kept for that epoch: nothing to take
-        if check_report_values(_peer_report(report), now, self.config) is not None:
-            self._counters["dropped_absurd"] += 1
+        screened = screen_report(report, now, self.run_id, self.config, self._deps.members,
+                                 learn=False)
+        if screened.drop is not None:
+            self._counters[screened.drop] += 1
             return False
-        peer = verify_report(report)
-        if peer is None:
-            self._counters["dropped_bad_signature"] += 1
-            return False
-        members = self._service._members
-        if not members.is_member(peer, self.run_id):
-            self._counters["dropped_not_member"] += 1
-            return False
-        role = members.role_of(peer, self.run_id)
-        if role is Role.MONITOR:
-            self._counters["ignored_monitor"] += 1
-            return False
-        problem = check_role_caps(_peer_report(report), None, 0.0, role,
+        problem = check_role_caps(to_peer_report(report), None, 0.0, screened.role,
                                   self.target_batch_size, self.config)
         if problem is not None:
             self._counters["dropped_impossible"] += 1
-            self._service._flags.flag(peer, self.run_id, problem[0], now, problem[1])
+            self._deps.flags.flag(screened.peer, self.run_id, problem[0], now, problem[1])
             return False
         self._record_evidence(report)
         return True
 
-    def _on_push(self, sender: ID, request: Push) -> Reports:
+    def on_push(self, sender: ID, request: Push) -> Reports:
+        """Answer ``sender``'s push (the service's handler, for this run)."""
         now = self._clock()
         sender_key = sender.to_bytes()
         was_member = sender_key in self._contacts
@@ -734,7 +730,7 @@ class ProgressTracker:
         own = (self._own,) if self._own is not None else ()
         request = Push(self.run_id, own, want_reply, self._digest() if want_reply else ())
         try:
-            response = await self._service._call(ID(peer), PROGRESS_PROTOCOL, request,
+            response = await self._deps.call(ID(peer), PROGRESS_PROTOCOL, request,
                                                  self.config.push_timeout)
         except P2PDLError as exc:
             self._counters["pushes_failed"] += 1
@@ -795,7 +791,7 @@ class ProgressTracker:
 
     def _credential(self) -> bytes | None:
         """This node's proof of membership of the run, to ride on its own reports."""
-        credential = self._service._members.credential(self.run_id)
+        credential = self._deps.members.credential(self.run_id)
         if credential is not None and len(credential) > MAX_CREDENTIAL_SIZE:
             if not self._credential_warned:
                 self._credential_warned = True
@@ -814,7 +810,7 @@ class ProgressTracker:
                 self._schedule_push(random.choice(targets), want_reply=True)
 
     async def _snapshots(self) -> None:
-        dht = self._service._dht
+        dht = self._deps.dht
         key = SNAPSHOT_PREFIX + self.run_id
         started = trio.current_time()
         await self._read_snapshot(dht, key)

@@ -28,7 +28,10 @@ with the epoch set by a quorum rather than by the highest report:
   catch up);
 * a peer is ready to step when the reported count reaches the target, or
   the ETA (plus ``eta_grace``) has passed, or a newer epoch exists;
-* a report beyond its role's caps (:func:`check_role_caps`) is refused.
+* a report beyond its role's caps (:func:`check_role_caps`) is refused;
+* every signed report passes :func:`screen_report` first (plausible values,
+  its peer's signature, a member, no monitor), whether it was pushed or
+  attached to a claim as evidence.
 
 Clock skew: a report received straight from its peer (live) tells the
 receiver that peer's clock offset (``time - received_at``, transit
@@ -42,12 +45,18 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from typing import TYPE_CHECKING
 
-from ..service import Role
+from ..service import MembershipView, Role
+from ._messages import Report, verify_report
 from .config import MAX_COUNT, ProgressConfig
 
+if TYPE_CHECKING:
+    from libp2p.peer.id import ID
+
 __all__ = ["GlobalProgress", "ProgressView", "PublishPolicy", "RateEMA", "PeerReport",
-           "Verdict", "check_report_values", "check_role_caps", "quorum_epoch"]
+           "Screened", "Verdict", "check_report_values", "check_role_caps",
+           "quorum_epoch", "screen_report", "to_peer_report"]
 
 
 class Verdict(enum.Enum):
@@ -116,6 +125,54 @@ def check_report_values(report: PeerReport, now: float, config: ProgressConfig) 
     if not math.isfinite(report.time) or report.time > now + config.max_clock_skew:
         return f"time {report.time:.3f} is more than {config.max_clock_skew:g} s ahead"
     return None
+
+
+def to_peer_report(report: Report) -> PeerReport:
+    """The fields of a signed report the view keeps."""
+    return PeerReport(report.peer_id, report.epoch, report.samples_accumulated,
+                      report.samples_per_second, report.time, report.client_mode,
+                      report.auxiliary)
+
+
+@dataclasses.dataclass(frozen=True)
+class Screened:
+    """What :func:`screen_report` found: the signer and its role, or why the
+    report is dropped (``drop``: the counter it counts in, ``reason``: words);
+    ``learnt``: the report's credential made its signer a member."""
+
+    peer: ID | None = None
+    role: Role | None = None
+    drop: str | None = None
+    reason: str = ""
+    learnt: bool = False
+
+
+def screen_report(report: Report, now: float, run_id: str, config: ProgressConfig,
+                  members: MembershipView, *, learn: bool) -> Screened:
+    """The checks every signed report of ``run_id`` passes before anything
+    counts it, pushed or attached to a claim as evidence, in this order: its
+    values are plausible (``dropped_absurd``), its signature is its peer's
+    (``dropped_bad_signature``), its peer is a member of the run -- with
+    ``learn``, made one by the credential the report carries where it is
+    valid -- (``dropped_not_member``), and not a monitor, whose reports
+    count for nothing (``ignored_monitor``)."""
+    reason = check_report_values(to_peer_report(report), now, config)
+    if reason is not None:
+        return Screened(drop="dropped_absurd", reason=reason)
+    peer = verify_report(report)
+    if peer is None:
+        return Screened(drop="dropped_bad_signature", reason="its signature does not verify")
+    learnt = False
+    if not members.is_member(peer, run_id):
+        if not learn or report.credential is None \
+                or not members.learn(peer, run_id, report.credential):
+            return Screened(peer=peer, drop="dropped_not_member", reason="not a member")
+        learnt = True
+    role = members.role_of(peer, run_id)
+    if role is Role.MONITOR:
+        return Screened(peer=peer, role=role, drop="ignored_monitor", reason="a monitor",
+                        learnt=learnt)
+    return Screened(peer=peer, role=role, learnt=learnt)
 
 
 def check_role_caps(report: PeerReport, previous: PeerReport | None, elapsed: float,

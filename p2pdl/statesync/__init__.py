@@ -15,7 +15,6 @@ Modules:
   :class:`StateDownload`.
 """
 
-from ._messages import PROTOCOL_ID as PROTOCOL_ID
 from ._messages import STATESYNC_PROTOCOL as STATESYNC_PROTOCOL
 from ._messages import STATESYNC_PROTOCOL_ID as STATESYNC_PROTOCOL_ID
 from ._service import StateDownload as StateDownload

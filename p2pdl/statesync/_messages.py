@@ -29,8 +29,6 @@ __all__ = ["STATESYNC_PROTOCOL_ID", "STATESYNC_PROTOCOL", "REFUSAL_CODES", "GetM
            "ManifestReply", "GetChunk", "ChunkReply", "Refused"]
 
 STATESYNC_PROTOCOL_ID = "/p2pdl/statesync/1.0.0"
-#: This protocol's id (every protocol package exports it under this name).
-PROTOCOL_ID = STATESYNC_PROTOCOL_ID
 
 #: Why a donor did not serve a request (protocols/statesync.md, Errors).
 REFUSAL_CODES = {

@@ -22,13 +22,9 @@ Modules:
   first used.
 
 State sync, which the Optimizer uses to catch up, is the package
-``p2pdl.statesync``; its public names are re-exported here for old imports.
+``p2pdl.statesync``.
 """
 
-from ..statesync import STATESYNC_PROTOCOL_ID as STATESYNC_PROTOCOL_ID
-from ..statesync import StateDownload as StateDownload
-from ..statesync import StateSyncConfig as StateSyncConfig
-from ..statesync import StateSyncService as StateSyncService
 from ._example import ExampleConfig as ExampleConfig
 from ._example import ExampleTask as ExampleTask
 from ._example import TinyTransformerLM as TinyTransformerLM

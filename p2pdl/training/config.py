@@ -1,7 +1,6 @@
 """Settings of the training layer: :class:`OptimizerConfig`, with documented defaults.
 
-The state-sync settings, which lived here before state sync became a package
-of its own, are re-exported for old imports.
+State sync's settings are ``p2pdl.statesync.config``.
 """
 
 from __future__ import annotations
@@ -11,14 +10,6 @@ import dataclasses
 from ..averaging import AllReduceConfig
 from ..errors import ConfigError
 from ..service import is_number, is_positive
-from ..statesync.config import DIGEST_SIZE as DIGEST_SIZE
-from ..statesync.config import MAX_CHUNK_SIZE as MAX_CHUNK_SIZE
-from ..statesync.config import MAX_CHUNKS as MAX_CHUNKS
-from ..statesync.config import MIN_CHUNK_SIZE as MIN_CHUNK_SIZE
-from ..statesync.config import GiB as GiB
-from ..statesync.config import KiB as KiB
-from ..statesync.config import MiB as MiB
-from ..statesync.config import StateSyncConfig as StateSyncConfig
 
 __all__ = ["OptimizerConfig", "MODES", "ON_FAILURE", "MAX_STEP_SAMPLES"]
 

@@ -6,13 +6,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from p2pdl.averaging._balancing import (
-    PeerCapacity,
-    equal_shares,
-    part_sizes,
-    plan_load,
-    round_time,
-)
+from p2pdl.averaging import PeerCapacity, equal_shares, part_sizes, plan_load, round_time
 from p2pdl.errors import LocalProtocolError
 
 MBIT = 1e6 / 8

@@ -13,9 +13,8 @@ import trio
 
 import p2pdl
 from p2pdl import NodeConfig
-from p2pdl.dht import DHT_PROTOCOL, Schema, key_of, owned_subkey
+from p2pdl.dht import DHT_PROTOCOL, Item, Schema, key_of, owned_subkey
 from p2pdl.dht._messages import FindNode, FindValue, Store, Stored, Value, WireItem
-from p2pdl.dht._records import Item
 from p2pdl.dht._service import COUNTERS, _batches
 from p2pdl.dht._validation import sign
 from p2pdl.dht.config import MAX_STORE_ITEMS, STORE_BATCH_BYTES

@@ -24,7 +24,7 @@ from p2pdl.nat import ReachabilityConfig
 from p2pdl.net import BackoffPolicy
 from p2pdl.net._interop import relayed_observed_addr
 from p2pdl.net._relay import is_circuit
-from p2pdl.testing import LOOPBACK
+from p2pdl.testing import LOOPBACK, wait_until
 
 FAST = BackoffPolicy(initial=0.2, maximum=1.0)
 
@@ -36,12 +36,6 @@ def private_config(relays: list[str]) -> NodeConfig:
     return dataclasses.replace(config, nat=ReachabilityConfig(enabled=False))
 
 
-async def wait_for(predicate, timeout: float = 10.0) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.05)
-
-
 async def test_identify_over_a_relayed_connection_reports_the_relay_path():
     """What a js-libp2p peer reaching the node through a relay reads in identify:
     ``<relay transport address>/p2p/<relay>/p2p-circuit``, not the node's own id
@@ -49,7 +43,7 @@ async def test_identify_over_a_relayed_connection_reports_the_relay_path():
     async with open_node(NodeConfig.build(listen=LOOPBACK, relay_service=True)) as relay, \
             open_node(private_config(relay.addrs[:1])) as target, \
             open_node(private_config(relay.addrs[:1])) as remote:
-        await wait_for(lambda: any(is_circuit(x) for x in target.addrs))
+        await wait_until(lambda: any(is_circuit(x) for x in target.addrs), 10.0)
         circuit = next(x for x in target.addrs if is_circuit(x))
         await remote.connect(circuit)
         assert target.host.path(remote.peer_id) == "relayed"

@@ -18,7 +18,7 @@ from p2pdl import NodeConfig, open_node
 from p2pdl.nat import ReachabilityConfig
 from p2pdl.net import BackoffPolicy
 from p2pdl.net._relay import NOT_A_RELAY_RETRY, ReservationBook, is_circuit
-from p2pdl.testing import LOOPBACK
+from p2pdl.testing import LOOPBACK, wait_until
 
 FAST = BackoffPolicy(initial=0.2, maximum=1.0)
 
@@ -76,18 +76,12 @@ def private_config(relays: list[str], **fields) -> NodeConfig:
     return dataclasses.replace(config, nat=ReachabilityConfig(enabled=False))
 
 
-async def wait_for(predicate, timeout: float = 10.0) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.05)
-
-
 async def test_private_node_reserves_and_is_reached_through_the_relay():
     async with open_node(relay_config()) as relay, \
             open_node(private_config(relay.addrs[:1], relay_reservations=1,
                                      hole_punching=False)) as a, \
             open_node(private_config(relay.addrs[:1], hole_punching=False)) as b:
-        await wait_for(lambda: any(is_circuit(x) for x in a.addrs))
+        await wait_until(lambda: any(is_circuit(x) for x in a.addrs), 10.0)
         circuit = next(x for x in a.addrs if is_circuit(x))
         assert circuit == f"{relay.addrs[0]}/p2p-circuit/p2p/{a.peer_id}"
         assert a.host.relay_reservations() == [relay.peer_id]
@@ -105,12 +99,12 @@ async def test_relayed_connection_is_upgraded_by_dcutr():
     async with open_node(relay_config()) as relay, \
             open_node(private_config(relay.addrs[:1])) as a, \
             open_node(private_config(relay.addrs[:1])) as b:
-        await wait_for(lambda: any(is_circuit(x) for x in a.addrs))
+        await wait_until(lambda: any(is_circuit(x) for x in a.addrs), 10.0)
         circuit = next(x for x in a.addrs if is_circuit(x))
         await b.connect(circuit)
         assert b.host.path(a.peer_id) == "relayed"
-        await wait_for(lambda: b.host.path(a.peer_id) == "direct", timeout=15)
-        await wait_for(lambda: a.host.path(b.peer_id) == "direct", timeout=15)
+        await wait_until(lambda: b.host.path(a.peer_id) == "direct", timeout=15)
+        await wait_until(lambda: a.host.path(b.peer_id) == "direct", timeout=15)
         assert await b.ping(a.peer_id) < 5
 
 
@@ -122,13 +116,13 @@ async def test_failover_to_another_relay_and_the_peer_is_found_again():
                                   hole_punching=False)
         async with open_node(a_config) as a, \
                 open_node(private_config([r2.addrs[0]], hole_punching=False)) as b:
-            await wait_for(lambda: a.host.relay_reservations() == [r1.peer_id])
+            await wait_until(lambda: a.host.relay_reservations() == [r1.peer_id], 10.0)
             await b.connect(f"{r1.addrs[0]}/p2p-circuit/p2p/{a.peer_id}")
             assert b.host.path(a.peer_id) == "relayed"
 
             await kill(r1)
             start = trio.current_time()
-            await wait_for(lambda: a.host.relay_reservations() == [r2.peer_id])
+            await wait_until(lambda: a.host.relay_reservations() == [r2.peer_id], 10.0)
             reserved_after = trio.current_time() - start
             with trio.fail_after(15):
                 while True:
@@ -159,7 +153,7 @@ async def test_an_initial_peer_that_is_no_relay_gets_no_reservation():
 async def test_public_node_drops_its_wish_for_relays():
     async with open_node(relay_config()) as relay, \
             open_node(private_config(relay.addrs[:1], relay_reservations=1)) as a:
-        await wait_for(lambda: a.host.relay_reservations() != [])
+        await wait_until(lambda: a.host.relay_reservations() != [], 10.0)
         a.host.set_wants_relays(False)
         assert a.host.relay_reservations()  # held until it expires; not refreshed
         assert a.host._reservations.book.next_action(trio.current_time(), False).kind == "wait"
@@ -171,14 +165,14 @@ async def test_a_relayed_peer_dialled_by_its_direct_address_is_reached_direct_no
             open_node(private_config(relay.addrs[:1], relay_reservations=1,
                                      hole_punching=False)) as a, \
             open_node(private_config(relay.addrs[:1], hole_punching=False)) as b:
-        await wait_for(lambda: any(is_circuit(x) for x in a.addrs))
+        await wait_until(lambda: any(is_circuit(x) for x in a.addrs), 10.0)
         circuit = next(x for x in a.addrs if is_circuit(x))
         await b.connect(circuit)
         assert b.host.path(a.peer_id) == "relayed"
         direct = next(x for x in a.addrs if not is_circuit(x))
         assert await b.connect(direct) == a.peer_id
         assert b.host.path(a.peer_id) == "direct"
-        await wait_for(lambda: a.host.path(b.peer_id) == "direct")
+        await wait_until(lambda: a.host.path(b.peer_id) == "direct", 10.0)
         assert await b.ping(a.peer_id) < 5
 
 

@@ -207,11 +207,11 @@ async def test_partitioned_gossip_falls_back_to_the_dht_snapshot(autojump_clock)
             await wait_until(lambda: all(t.global_progress().num_peers == 4 for t in trackers),
                              10)
             cut_off = trackers[3]
-            original = cut_off._on_push
+            original = cut_off.on_push
 
             def deaf(sender, request):  # pushes reach it but their reports are lost
                 return original(sender, dataclasses.replace(request, reports=()))
-            cut_off._on_push = deaf
+            cut_off.on_push = deaf
             cut_off._pending.clear()
             for i, tracker in enumerate(trackers[:3]):
                 tracker.report(100 * (i + 1), samples_per_second=0.0)

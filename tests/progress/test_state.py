@@ -9,8 +9,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from p2pdl.errors import ConfigError
-from p2pdl.progress import PeerReport, ProgressConfig, ProgressView, PublishPolicy, RateEMA, Verdict
-from p2pdl.progress._state import check_role_caps, quorum_epoch
+from p2pdl.progress import (
+    PeerReport,
+    ProgressConfig,
+    ProgressView,
+    PublishPolicy,
+    RateEMA,
+    Verdict,
+    check_role_caps,
+    quorum_epoch,
+)
 from p2pdl.service import Role
 
 ME = b"me"
@@ -535,3 +543,63 @@ def test_check_role_caps_passes_plausible_reports():
     assert check_role_caps(later, first, 5.0, Role.TRAINER, 1000, config) is None
     # Counts may fall within an epoch (nothing to cap).
     assert check_role_caps(report(b"a", 0, 0.0), first, 0.0, None, 1000, config) is None
+
+
+class _Members:
+    """A run's membership as screening asks it: members, learnable credentials, roles."""
+
+    def __init__(self, members=(), learnable=(), roles=None):
+        self.members = set(members)
+        self.learnable = set(learnable)
+        self.roles = roles or {}
+
+    def is_member(self, peer, run_id):
+        return peer in self.members
+
+    def learn(self, peer, run_id, credential):
+        if peer in self.learnable and credential == b"credential":
+            self.members.add(peer)
+            return True
+        return False
+
+    def role_of(self, peer, run_id):
+        return self.roles.get(peer)
+
+
+def test_screen_report_is_the_one_check_of_pushed_reports_and_evidence():
+    import dataclasses as dc
+
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    from p2pdl.progress import sign_report
+    from p2pdl.progress._state import screen_report
+    from p2pdl.service import Role
+
+    keys = create_new_key_pair()
+    peer = ID.from_pubkey(keys.public_key)
+    config = ProgressConfig()
+    now = 1_000_000.0
+
+    def report(**fields):
+        signed = sign_report(keys.private_key, peer, "run", 3, 40, 10.0, now, False,
+                             credential=fields.pop("credential", None))
+        return dc.replace(signed, **fields)
+
+    members = _Members(members=[peer])
+    ok = screen_report(report(), now, "run", config, members, learn=False)
+    assert ok.drop is None and ok.peer == peer and not ok.learnt
+    absurd = screen_report(report(time=now + 3600), now, "run", config, members, learn=True)
+    assert absurd.drop == "dropped_absurd" and "ahead" in absurd.reason
+    forged = screen_report(report(samples_accumulated=41), now, "run", config, members,
+                           learn=True)
+    assert forged.drop == "dropped_bad_signature"
+    stranger = _Members(learnable=[peer])
+    assert screen_report(report(credential=b"credential"), now, "run", config, stranger,
+                         learn=False).drop == "dropped_not_member"   # evidence learns nothing
+    learnt = screen_report(report(credential=b"credential"), now, "run", config, stranger,
+                           learn=True)
+    assert learnt.drop is None and learnt.learnt
+    monitor = _Members(members=[peer], roles={peer: Role.MONITOR})
+    watched = screen_report(report(), now, "run", config, monitor, learn=True)
+    assert watched.drop == "ignored_monitor" and watched.role is Role.MONITOR

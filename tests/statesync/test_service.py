@@ -23,12 +23,12 @@ from p2pdl.errors import (
     StateSyncError,
     StreamClosedError,
 )
+from p2pdl.statesync import STATESYNC_PROTOCOL_ID, StateDownload, StateSyncConfig
 from p2pdl.statesync import _service as ss_service
 from p2pdl.statesync._messages import STATESYNC_PROTOCOL, GetChunk, GetManifest, Refused
 from p2pdl.statesync._service import STATESYNC_COUNTERS
 from p2pdl.statesync.config import KiB, MiB
 from p2pdl.testing import loopback_config, task_names
-from p2pdl.training import STATESYNC_PROTOCOL_ID, StateDownload, StateSyncConfig
 from p2pdl.wire._frames import FrameKind, frame_header
 
 pytestmark = pytest.mark.timeout(60)

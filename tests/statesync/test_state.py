@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from p2pdl.errors import ConfigError, RemoteProtocolError
 from p2pdl.service import check_run_id
+from p2pdl.statesync import StateSyncConfig
 from p2pdl.statesync._messages import (
     STATESYNC_PROTOCOL,
     ChunkReply,
@@ -40,7 +41,6 @@ from p2pdl.statesync.config import (
     MIN_CHUNK_SIZE,
     MiB,
 )
-from p2pdl.training import StateSyncConfig
 from p2pdl.wire import WireConfig, encode_message
 
 pytestmark = pytest.mark.timeout(60)

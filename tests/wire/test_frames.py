@@ -9,9 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from p2pdl.errors import LocalProtocolError, RemoteProtocolError
-from p2pdl.wire import FrameDecoder, FrameKind, MessageSet, TensorHeader
+from p2pdl.wire import FrameDecoder, FrameKind, MessageSet, TensorHeader, encode_message
 from p2pdl.wire._frames import BufferPool, decode_credit, encode_credit, frame_header
-from p2pdl.wire._messages import encode_message
 from p2pdl.wire._tensor import decode_tensor_frame, encode_tensor_frame
 from p2pdl.wire.config import MAX_FRAME_PAYLOAD
 

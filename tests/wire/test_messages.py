@@ -10,8 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pdl.errors import LocalProtocolError, RemoteProtocolError
-from p2pdl.wire import ErrorReply, MaxLen, Message, MessageSet, Range
-from p2pdl.wire._messages import encode_message
+from p2pdl.wire import ErrorReply, MaxLen, Message, MessageSet, Range, encode_message
 
 
 class Point(Message, tag="test.point"):

@@ -16,9 +16,8 @@ from libp2p.network.stream.exceptions import StreamError
 from p2pdl import NodeConfig, open_node
 from p2pdl.errors import LocalProtocolError, RemoteProtocolError, StreamClosedError
 from p2pdl.nat import ReachabilityConfig
-from p2pdl.wire import FrameDecoder, FrameKind, MessageSet, TensorChunk, WireConfig
+from p2pdl.wire import FrameDecoder, FrameKind, MessageSet, TensorChunk, WireConfig, encode_message
 from p2pdl.wire._frames import frame_header
-from p2pdl.wire._messages import encode_message
 
 from .test_messages import Hello
 

@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from p2pdl.errors import LocalProtocolError, RemoteProtocolError
-from p2pdl.wire import TensorHeader
-from p2pdl.wire._frames import FrameDecoder
+from p2pdl.wire import FrameDecoder, TensorHeader
 from p2pdl.wire._tensor import (
     decode_tensor_frame,
     encode_tensor_frame,

@@ -38,7 +38,6 @@ Modules:
 """
 
 from ._messages import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
-from ._messages import PROTOCOL_ID as PROTOCOL_ID
 from ._service import OUTLIER_FLAG as OUTLIER_FLAG
 from ._service import WEIGHT_FLAG as WEIGHT_FLAG
 from ._service import AllReduceService as AllReduceService

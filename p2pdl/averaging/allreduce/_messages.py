@@ -35,8 +35,6 @@ __all__ = ["ALLREDUCE_PROTOCOL_ID", "Begin", "Segment", "Done", "Reject", "Have"
            "MAX_SEGMENTS", "MAX_TAU"]
 
 ALLREDUCE_PROTOCOL_ID = "/p2pdl/allreduce/1.0.0"
-#: This protocol's id (every protocol package exports it under this name).
-PROTOCOL_ID = ALLREDUCE_PROTOCOL_ID
 
 #: Bytes of a layout digest (SHA-256).
 LAYOUT_DIGEST_SIZE = 32

@@ -16,7 +16,6 @@ Modules:
 
 from ._messages import MATCHMAKING_PROTOCOL as MATCHMAKING_PROTOCOL
 from ._messages import MATCHMAKING_PROTOCOL_ID as MATCHMAKING_PROTOCOL_ID
-from ._messages import PROTOCOL_ID as PROTOCOL_ID
 from ._service import MatchmakingService as MatchmakingService
 from ._service import MatchmakingStatistics as MatchmakingStatistics
 from ._service import round_key as round_key

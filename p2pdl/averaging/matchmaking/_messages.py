@@ -25,8 +25,6 @@ from .config import (
 )
 
 MATCHMAKING_PROTOCOL_ID = "/p2pdl/matchmaking/1.0.0"
-#: This protocol's id (every protocol package exports it under this name).
-PROTOCOL_ID = MATCHMAKING_PROTOCOL_ID
 
 #: Why a leader turned a join request down (protocols/matchmaking.md, Errors).
 REJECT_CODES = {

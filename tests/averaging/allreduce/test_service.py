@@ -24,13 +24,12 @@ from p2pdl.averaging import (
     get_codec,
     part_sizes,
 )
+from p2pdl.averaging.allreduce import default_fractions
 from p2pdl.averaging.allreduce._evidence import chunk_digest, commitment_payload
 from p2pdl.averaging.allreduce._messages import Begin
-from p2pdl.averaging.allreduce._state import default_fractions
 from p2pdl.errors import ConfigError
 from p2pdl.testing import open_memory_nodes, open_memory_swarm, open_nodes
-from p2pdl.wire import TensorHeader
-from p2pdl.wire._frames import FrameKind
+from p2pdl.wire import FrameKind, TensorHeader
 
 #: These tests check the weighted mean (the default rule is CenteredClip).
 MEAN = Aggregator()

@@ -21,8 +21,8 @@ from p2pdl.averaging import (
     plan_groups,
     round_key,
 )
+from p2pdl.averaging.matchmaking import plan_fractions
 from p2pdl.averaging.matchmaking._messages import Formed, Join, MemberEntry, Rejected
-from p2pdl.averaging.matchmaking._state import plan_fractions
 from p2pdl.errors import (
     ConfigError,
     LocalProtocolError,

@@ -18,12 +18,12 @@ from p2pdl.averaging import (
     LeaderState,
     MatchmakingConfig,
     MatchmakingRound,
+    PeerCapacity,
     compute_group_id,
     next_leader,
     order_key,
     plan_groups,
 )
-from p2pdl.averaging._balancing import PeerCapacity
 from p2pdl.averaging.matchmaking._state import (
     ACCEPTED,
     FRACTION_TOLERANCE,
