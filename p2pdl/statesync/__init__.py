@@ -11,13 +11,17 @@ Modules:
   (:func:`vote_on_state` -> :class:`StateVote`), the exclusions of donors
   caught lying, the snapshot table of a donor, resumable partial downloads
   and the chunk plan.
-* ``_service`` -- :class:`StateSyncService`: share, serve, fetch ->
-  :class:`StateDownload`.
+* ``_service`` -- :class:`StateSyncService`, the service: its two sides,
+  its statistics, its endpoint.
+* ``_donor`` -- the donor side: share snapshots, answer fetchers (``busy``
+  while ``max_concurrent_uploads`` replies wait to be written).
+* ``_fetcher`` -- the fetcher side: offers, the vote, the download of
+  verified chunks -> :class:`StateDownload`.
 """
 
+from ._fetcher import StateDownload as StateDownload
 from ._messages import STATESYNC_PROTOCOL as STATESYNC_PROTOCOL
 from ._messages import STATESYNC_PROTOCOL_ID as STATESYNC_PROTOCOL_ID
-from ._service import StateDownload as StateDownload
 from ._service import StateSyncService as StateSyncService
 from ._service import StateSyncStatistics as StateSyncStatistics
 from ._state import Manifest as Manifest

@@ -24,7 +24,7 @@ from p2pdl.errors import (
     StreamClosedError,
 )
 from p2pdl.statesync import STATESYNC_PROTOCOL_ID, StateDownload, StateSyncConfig
-from p2pdl.statesync import _service as ss_service
+from p2pdl.statesync import _fetcher as ss_fetcher
 from p2pdl.statesync._messages import STATESYNC_PROTOCOL, GetChunk, GetManifest, Refused
 from p2pdl.statesync._service import STATESYNC_COUNTERS
 from p2pdl.statesync.config import KiB, MiB
@@ -144,7 +144,7 @@ async def test_a_donor_serving_corrupt_chunks_is_dropped():
 
 async def test_a_manifest_that_lies_about_the_digest_loses_its_donors(monkeypatch):
     # Large payloads are assembled and hashed in a worker thread: take that path.
-    monkeypatch.setattr(ss_service, "THREAD_HASH_THRESHOLD", 1024)
+    monkeypatch.setattr(ss_fetcher, "THREAD_HASH_THRESHOLD", 1024)
     async with open_swarm(3, SMALL) as (fetcher, donors, _):
         for donor in donors:
             donor.state_sync.share(RUN, 2, PAYLOAD)
@@ -256,7 +256,7 @@ async def test_a_lone_donor_is_taken_unconfirmed_and_logged(caplog):
     async with open_swarm(2) as (fetcher, donors, _):
         donors[0].state_sync.share(RUN, 3, PAYLOAD)
         ids = [d.peer_id for d in donors]   # the other donor offers nothing of the run
-        with caplog.at_level("WARNING", logger="p2pdl.statesync._service"):
+        with caplog.at_level("WARNING", logger="p2pdl.statesync._fetcher"):
             download = await fetcher.state_sync.fetch(RUN, ids, min_epoch=3, timeout=20)
         assert download.payload == PAYLOAD and not download.confirmed
         assert download.agreeing == 1
