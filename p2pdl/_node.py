@@ -47,13 +47,13 @@ from .service import (
     NOT_ADMITTED,
     AdmissionGate,
     AdmissionStatistics,
+    BanningGate,
+    BothGates,
     Endpoint,
     FlagBook,
     Gatekeeper,
     OpenAdmission,
     Reachability,
-    Refusal,
-    Role,
     RpcEndpoint,
     Service,
     ServiceContext,
@@ -95,8 +95,8 @@ SERVICES: tuple[tuple[str, ServiceBuilder], ...] = (
     ("matchmaking", lambda ctx, cfg, s: MatchmakingService(ctx, cfg.matchmaking, dht=s["dht"],
                                                            reachability=s["nat"])),
     ("averaging", lambda ctx, cfg, s: AllReduceService(
-        ctx, cfg.allreduce, weight_evidence=getattr(s["progress"], "weight_evidence", None),
-        own_report=getattr(s["progress"], "signed_report", None), dht=s["dht"])),
+        ctx, cfg.allreduce, weight_evidence=s["progress"].weight_evidence,
+        own_report=s["progress"].signed_report, dht=s["dht"])),
     ("state_sync", lambda ctx, cfg, s: StateSyncService(ctx, cfg.state_sync)),
 )
 
@@ -121,63 +121,6 @@ class NodeStatistics(Statistics):
     matchmaking: Statistics
     averaging: Statistics
     state_sync: Statistics
-
-
-class _BansGate:
-    """The node's gate with its bans: a peer banned from a run (the flag
-    book's) is refused there and is no member of it; the rest is the inner
-    gate's."""
-
-    def __init__(self, gate: Any, flags: FlagBook, clock: Callable[[], float]) -> None:
-        self.gate = gate
-        self.flags = flags
-        self.clock = clock
-
-    def admit(self, peer: ID, protocol_id: str, run_id: str | None) -> Refusal | None:
-        if self.flags.is_banned(peer, run_id, self.clock()):
-            return Refusal("banned from this run (docs/security.md, Bans)")
-        return self.gate.admit(peer, protocol_id, run_id)
-
-    def is_member(self, peer: ID, run_id: str) -> bool:
-        return not self.flags.is_banned(peer, run_id, self.clock()) \
-            and self.gate.is_member(peer, run_id)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.gate, name)
-
-
-class _BothGates:
-    """A user's gate and the node's membership: a request passes only if both admit it."""
-
-    def __init__(self, gate: AdmissionGate, membership: MembershipService) -> None:
-        self.gate = gate
-        self.membership = membership
-
-    def admit(self, peer: ID, protocol_id: str, run_id: str | None) -> Refusal | None:
-        return (self.gate.admit(peer, protocol_id, run_id)
-                or self.membership.admit(peer, protocol_id, run_id))
-
-    def is_member(self, peer: ID, run_id: str) -> bool:
-        is_member = getattr(self.gate, "is_member", None)
-        return self.membership.is_member(peer, run_id) and (
-            is_member is None or bool(is_member(peer, run_id)))
-
-    def role_of(self, peer: ID, run_id: str) -> Role | None:
-        role_of = getattr(self.gate, "role_of", None)
-        role = role_of(peer, run_id) if role_of is not None else None
-        return role if role is not None else self.membership.role_of(peer, run_id)
-
-    def credential(self, run_id: str) -> bytes | None:
-        credential = self.membership.credential(run_id)
-        own = getattr(self.gate, "credential", None)
-        return credential if credential is not None or own is None else own(run_id)
-
-    def learn(self, peer: ID, run_id: str, credential: bytes) -> bool:
-        self.membership.learn(peer, run_id, credential)
-        learn = getattr(self.gate, "learn", None)
-        if learn is not None:
-            learn(peer, run_id, credential)
-        return self.is_member(peer, run_id)
 
 
 class TrioNode:
@@ -208,8 +151,8 @@ class TrioNode:
         membership: MembershipService = self._services["membership"]
         # The node's gate is its membership (the Gatekeeper still counts and logs);
         # a user's own gate is asked first.
-        self._gate.gate = _BansGate(membership if admission is None
-                                    else _BothGates(admission, membership), self._flags, clock)
+        self._gate.gate = BanningGate(membership if admission is None
+                                      else BothGates(admission, membership), self._flags, clock)
         self.dht.scope_run_keys(SNAPSHOT_PREFIX, lambda rest: rest)
         self.dht.set_run_guard(membership.has_policy)
         for policy in runs:

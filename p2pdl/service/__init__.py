@@ -14,6 +14,8 @@ statesync, averaging).  Modules:
   membership (:class:`MembershipView`, :class:`Role`) and the node's :class:`Gatekeeper`.
 * ``_flags`` -- the node's :class:`FlagBook` of peers caught lying about
   themselves (a report far ahead of the quorum, a weight beyond evidence).
+* ``_gates`` -- how the node composes its gate: a user's gate and the run
+  memberships (:class:`BothGates`), then the flag book's bans (:class:`BanningGate`).
 * ``_validate`` -- run ids (one meaning everywhere: at most 128 bytes of
   UTF-8) and number checks shared by every configuration.
 """
@@ -45,6 +47,8 @@ from ._endpoints import run_of_request as run_of_request
 from ._flags import MAX_FLAGGED_PEERS as MAX_FLAGGED_PEERS
 from ._flags import Flag as Flag
 from ._flags import FlagBook as FlagBook
+from ._gates import BanningGate as BanningGate
+from ._gates import BothGates as BothGates
 from ._validate import MAX_RUN_ID_BYTES as MAX_RUN_ID_BYTES
 from ._validate import RunId as RunId
 from ._validate import check_run_id as check_run_id
