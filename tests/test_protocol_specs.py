@@ -56,6 +56,7 @@ from p2pdl.progress import _messages as progress_messages
 from p2pdl.progress import config as progress_config
 from p2pdl.progress._service import ALONE_READ_INTERVAL, MAX_PUSH_BACKOFF
 from p2pdl.statesync import STATESYNC_PROTOCOL_ID, StateSyncConfig
+from p2pdl.statesync import _downloads as ss_downloads
 from p2pdl.statesync import _messages as ss_messages
 from p2pdl.statesync import _state as ss_state
 from p2pdl.statesync import config as ss_config
@@ -456,7 +457,7 @@ def test_statesync_definitions_match_the_code():
             "MAX_CHUNKS", "MESSAGE_OVERHEAD"} <= limits.keys()
     for name, value in limits.items():
         assert number(rows[name]) == value, name
-    assert number(rows["MAX_BUSY_BACKOFF"]) == ss_state.MAX_BUSY_BACKOFF
+    assert number(rows["MAX_BUSY_BACKOFF"]) == ss_downloads.MAX_BUSY_BACKOFF
     defaults = StateSyncConfig()
     for field in dataclasses.fields(StateSyncConfig):
         assert number(rows[field.name]) == getattr(defaults, field.name), field.name

@@ -9,8 +9,9 @@ Modules:
 * ``_messages`` -- the protocol: manifest and chunk requests, replies, refusals.
 * ``_state`` -- sans-IO: manifests, the donors' vote on a state
   (:func:`vote_on_state` -> :class:`StateVote`), the exclusions of donors
-  caught lying, the snapshot table of a donor, resumable partial downloads
-  and the chunk plan.
+  caught lying.
+* ``_snapshots`` -- sans-IO: the snapshot table of a donor.
+* ``_downloads`` -- sans-IO: resumable partial downloads and the chunk plan.
 * ``_service`` -- :class:`StateSyncService`, the service: its two sides,
   its statistics, its endpoint.
 * ``_donor`` -- the donor side: share snapshots, answer fetchers (``busy``

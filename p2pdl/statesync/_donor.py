@@ -26,9 +26,11 @@ from ._messages import (
     ManifestReply,
     Refused,
 )
+from ._snapshots import (
+    Snapshot,
+)
 from ._state import (
     Manifest,
-    Snapshot,
 )
 from .config import DIGEST_SIZE, MAX_EPOCH
 

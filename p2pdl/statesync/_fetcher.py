@@ -29,6 +29,11 @@ from ..net import PeerIDLike, parse_peer_id
 from ..service import (
     check_run_id,
 )
+from ._downloads import (
+    ChunkPlan,
+    Failure,
+    PartialDownload,
+)
 from ._messages import (
     STATESYNC_PROTOCOL,
     ChunkReply,
@@ -38,10 +43,7 @@ from ._messages import (
     Refused,
 )
 from ._state import (
-    ChunkPlan,
-    Failure,
     Manifest,
-    PartialDownload,
     StateVote,
     choose_manifest,
     vote_on_state,

@@ -50,14 +50,18 @@ from ..service import (
 )
 from ..wire import FramedStream
 from ._donor import _DonorSide
+from ._downloads import (
+    PartialStore,
+)
 from ._fetcher import StateDownload, _FetcherSide
 from ._messages import (
     STATESYNC_PROTOCOL,
 )
+from ._snapshots import (
+    SnapshotTable,
+)
 from ._state import (
     Exclusions,
-    PartialStore,
-    SnapshotTable,
 )
 from .config import EXCLUDED_EPOCHS_PER_RUN, StateSyncConfig
 

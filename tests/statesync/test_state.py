@@ -1,4 +1,5 @@
-"""p2pdl.statesync._state (sans-IO): manifests, snapshots, partial downloads, the chunk plan."""
+"""State sync sans-IO (``_state``, ``_snapshots``, ``_downloads``): manifests, snapshots,
+partial downloads, the chunk plan."""
 
 from __future__ import annotations
 
@@ -14,6 +15,12 @@ from hypothesis import strategies as st
 from p2pdl.errors import ConfigError, RemoteProtocolError
 from p2pdl.service import check_run_id
 from p2pdl.statesync import StateSyncConfig
+from p2pdl.statesync._downloads import (
+    MAX_BUSY_BACKOFF,
+    ChunkPlan,
+    Failure,
+    PartialStore,
+)
 from p2pdl.statesync._messages import (
     STATESYNC_PROTOCOL,
     ChunkReply,
@@ -21,15 +28,13 @@ from p2pdl.statesync._messages import (
     ManifestReply,
     Refused,
 )
-from p2pdl.statesync._state import (
-    MAX_BUSY_BACKOFF,
-    ChunkPlan,
-    Exclusions,
-    Failure,
-    Manifest,
-    PartialStore,
+from p2pdl.statesync._snapshots import (
     Snapshot,
     SnapshotTable,
+)
+from p2pdl.statesync._state import (
+    Exclusions,
+    Manifest,
     choose_manifest,
     chunk_count,
     vote_on_state,
