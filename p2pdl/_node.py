@@ -19,7 +19,6 @@ from contextlib import asynccontextmanager, nullcontext
 from typing import Any
 
 import trio
-from libp2p.abc import INetStream
 from libp2p.crypto.keys import KeyPair
 from libp2p.peer.id import ID
 
@@ -53,11 +52,14 @@ from .service import (
     FlagBook,
     Gatekeeper,
     OpenAdmission,
+    Opened,
     Reachability,
+    Refusal,
     RpcEndpoint,
     Service,
     ServiceContext,
     Statistics,
+    StreamEndpoint,
     install_endpoint,
 )
 from .statesync import StateSyncService
@@ -290,17 +292,16 @@ class TrioNode:
         """Serve a streaming protocol: ``handler(stream)`` runs once per incoming stream
         that the node's admission gate admits (as a stream of no run); a refused
         stream is reset."""
-        self._claim(protocol_id)
-        wire, gate = self._config.wire, self._gate
+        async def opened(stream: FramedStream) -> Opened:
+            return Opened(None)   # a stream of no run: nothing to read before the gate
 
-        async def handle(net_stream: INetStream) -> None:
-            async with open_framed_stream(net_stream, wire) as stream:
-                if gate.check(stream.peer_id, protocol_id, None) is not None:
-                    await stream.reset()
-                    return
-                await handler(stream)
+        async def refuse(stream: FramedStream, refusal: Refusal) -> None:
+            await stream.reset()
 
-        self._host.set_stream_handler(protocol_id, handle)
+        async def handle(stream: FramedStream, state: Any) -> None:
+            await handler(stream)
+
+        self._install(StreamEndpoint(protocol_id, opened, handle, refuse))
 
     def _install(self, endpoint: Endpoint) -> None:
         self._claim(endpoint.protocol_id)
