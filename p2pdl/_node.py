@@ -41,7 +41,7 @@ from .errors import (
 from .membership import MembershipService, RunPolicy
 from .nat import NatService
 from .net import Host, HostStatistics, PeerIDLike, open_host, ping_libp2p
-from .progress import SNAPSHOT_PREFIX, ProgressService
+from .progress import ProgressService
 from .service import (
     NOT_ADMITTED,
     AdmissionGate,
@@ -155,7 +155,6 @@ class TrioNode:
         # a user's own gate is asked first.
         self._gate.gate = BanningGate(membership if admission is None
                                       else BothGates(admission, membership), self._flags, clock)
-        self.dht.scope_run_keys(SNAPSHOT_PREFIX, lambda rest: rest)
         self.dht.set_run_guard(membership.has_policy)
         for policy in runs:
             membership.add_run(policy)

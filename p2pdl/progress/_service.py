@@ -171,6 +171,9 @@ class ProgressService:
         self.config = config or ProgressConfig()
         self._trackers: dict[str, ProgressTracker] = {}
         self._unknown_run = 0
+        # A run's snapshot key (prefix + run id) is that run's: on a node that
+        # guards the run, stored and served to its members only.
+        dht.scope_run_keys(SNAPSHOT_PREFIX, lambda rest: rest)
         dht.register_schema(SNAPSHOT_SCHEMA)
 
     def statistics(self) -> ProgressStatistics:
