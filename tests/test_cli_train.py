@@ -85,6 +85,26 @@ class TrainProcess:
             self.proc.wait(10)
 
 
+def run_two(common: Sequence[str], check_ready: Callable[[dict[str, Any]], None]
+            ) -> tuple[TrainProcess, TrainProcess]:
+    """Two trainers with ``common`` flags, peer 1 joining peer 0 (whose ``ready``
+    event ``check_ready`` sees first); both must exit with status 0."""
+    first = TrainProcess([*common, "--peer-index", "0"])
+    second = None
+    try:
+        ready = first.wait_for_event(lambda e: e["event"] == "ready", 60)
+        check_ready(ready)
+        second = TrainProcess([*common, "--peer-index", "1",
+                               "--initial-peers", ready["addrs"][0]])
+        for proc in (first, second):
+            assert proc.finish(timeout=90) == 0, proc.stderr
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    return first, second
+
+
 def run_p2pdl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "p2pdl", *args], capture_output=True,
                           text=True, timeout=timeout)
@@ -149,20 +169,11 @@ def test_bad_input_is_a_one_line_error(args, message):
 def test_two_trainers_reach_epoch_two_together():
     common = ["--json-lines", "--target-batch-size", "64", "--max-epochs", "2",
               "--wait-for-peers", "2", "--matchmaking-time", "5", "--run-id", "two-peers"]
-    first = TrainProcess([*common, "--peer-index", "0"])
-    second = None
-    try:
-        ready = first.wait_for_event(lambda e: e["event"] == "ready", 60)
+    def check_ready(ready: dict[str, Any]) -> None:
         assert ready["role"] == "trainer" and ready["peer_index"] == 0
         assert all(a.startswith("/ip4/127.0.0.1/tcp/") for a in ready["addrs"])
-        second = TrainProcess([*common, "--peer-index", "1",
-                               "--initial-peers", ready["addrs"][0]])
-        for proc in (first, second):
-            assert proc.finish(timeout=90) == 0, proc.stderr
-    finally:
-        first.kill()
-        if second is not None:
-            second.kill()
+
+    first, second = run_two(common, check_ready)
     for proc in (first, second):
         assert "Traceback" not in proc.stderr, proc.stderr
         kinds = [e["event"] for e in proc.events]
@@ -281,20 +292,11 @@ def test_two_peers_train_a_users_task_together(tmp_path):
     common = ["--json-lines", "--target-batch-size", "32", "--max-epochs", "3",
               "--wait-for-peers", "2", "--matchmaking-time", "5", "--run-id", "user-task",
               "--task", f"{path}:make_task", "--eval-every", "1"]
-    first = TrainProcess([*common, "--peer-index", "0"])
-    second = None
-    try:
-        ready = first.wait_for_event(lambda e: e["event"] == "ready", 60)
+    def check_ready(ready: dict[str, Any]) -> None:
         assert ready["task"] == f"{path}:make_task"
         assert ready["batch_size"] == 8 and ready["parameters"] == 5
-        second = TrainProcess([*common, "--peer-index", "1",
-                               "--initial-peers", ready["addrs"][0]])
-        for proc in (first, second):
-            assert proc.finish(timeout=90) == 0, proc.stderr
-    finally:
-        first.kill()
-        if second is not None:
-            second.kill()
+
+    first, second = run_two(common, check_ready)
     for proc in (first, second):
         assert "Traceback" not in proc.stderr, proc.stderr
         done = proc.events[-1]
