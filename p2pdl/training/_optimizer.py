@@ -529,16 +529,32 @@ class Optimizer(torch.optim.Optimizer):
     # -- torch-like state and lifetime ----------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The epoch, the wrapped optimizer's and scheduler's state, DiLoCo's outer state."""
+        """The epoch, the wrapped optimizer's and scheduler's state, DiLoCo's outer
+        state, the buffers (``model=``).  The state-dict hooks
+        (``register_state_dict_pre_hook``/``_post_hook``) run as torch's do."""
+        for pre_hook in self._optimizer_state_dict_pre_hooks.values():
+            pre_hook(self)
         state = self.state_keeper.full_state()
         del state["params"]
+        for post_hook in self._optimizer_state_dict_post_hooks.values():
+            hooked = post_hook(self, state)
+            if hooked is not None:
+                state = hooked
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Load what :meth:`state_dict` returned (the parameters are the model's own)."""
+        """Load what :meth:`state_dict` returned (the parameters are the model's
+        own), after the load hooks' pre hooks and before their post hooks."""
+        state = dict(state)
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            hooked = pre_hook(self, state)
+            if hooked is not None:
+                state = hooked
         self.state_keeper.load({**state, "params": [p.detach() for p in self._params]})
         self._reset_accumulation()
         self._tracker.update_epoch(self.state_keeper.epoch)
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
 
     def close(self) -> None:
         """Finish a background round, stop reporting progress and sharing state (idempotent)."""

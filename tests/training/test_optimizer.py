@@ -727,6 +727,17 @@ def test_it_is_a_torch_optimizer_sharing_the_wrapped_ones_groups_and_state():
     scaler.update()
     assert torch.equal(model.weight.grad, torch.tensor([[1.0, 1.0]]))
     assert opt.samples_accumulated == 8
+    # The state-dict hooks run around state_dict and load_state_dict.
+    seen: list[str] = []
+    opt.register_state_dict_pre_hook(lambda o: seen.append("save-pre"))
+    opt.register_state_dict_post_hook(lambda o, sd: {**sd, "mine": 1})
+    opt.register_load_state_dict_pre_hook(
+        lambda o, sd: seen.append("load-pre:" + str(sd.pop("mine"))) or sd)
+    opt.register_load_state_dict_post_hook(lambda o: seen.append("load-post"))
+    saved = opt.state_dict()
+    assert saved["mine"] == 1
+    opt.load_state_dict(saved)
+    assert seen == ["save-pre", "load-pre:1", "load-post"] and "mine" in saved
     with pytest.raises(ConfigError, match="closure must be callable"):
         opt.step(4)   # a batch size is passed by name
     with pytest.raises(ConfigError, match="cannot take new parameters"):
