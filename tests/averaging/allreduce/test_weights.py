@@ -161,9 +161,10 @@ async def test_honest_rounds_with_evidence_are_unchanged_and_identical(monkeypat
         assert len(asked) == 4 * 3   # every reducer asked about each of its 3 senders
 
 
-async def test_a_node_without_a_progress_service_method_has_only_the_share_cap(
+async def test_a_node_without_progress_evidence_has_only_the_share_cap(
         monkeypatch, autojump_clock):
-    monkeypatch.delattr(ProgressService, "weight_evidence", raising=False)
+    # progress holds no evidence (it tracks no such run): weight_evidence says None
+    monkeypatch.setattr(ProgressService, "weight_evidence", lambda self, *args: None)
     async with open_memory_nodes(3) as nodes:
         await connect_all(nodes)
         weights = [1.0, 1.0, 1000.0]
