@@ -6,7 +6,7 @@
 A tiny GPT-2 built from a config (no weights downloaded) learns the
 documentation text that ships with Python, byte by byte, through the
 Trainer.  Start one peer; it prints its addresses.  Start more with one of
-them.  Each peer trains until the swarm took EPOCHS global steps (of 256
+them (within 30 s: a peer that sees no other for that long trains alone).  Each peer trains until the swarm took EPOCHS global steps (of 256
 samples), then prints its loss log and a digest of its parameters: peers
 that averaged every round print the same digest.
 """
@@ -51,7 +51,7 @@ args = TrainingArguments(output_dir=f"hf-trainer-peer{peer}", per_device_train_b
                          disable_tqdm=True, data_seed=peer)
 trainer = Trainer(model=model, args=args, train_dataset=Windows(200_000, seed=peer))
 node = p2pdl.Node(initial_peers=sys.argv[3:]); print("peer:", *node.addrs, flush=True)  # p2pdl
-opt = p2pdl.hf.collaborate(trainer, node=node, run_id="hf-example", target_batch_size=256, epochs=epochs, matchmaking_time=8.0)  # p2pdl
+opt = p2pdl.hf.collaborate(trainer, node=node, run_id="hf-example", target_batch_size=256, epochs=epochs, matchmaking_time=8.0, discovery_time=30.0)  # p2pdl
 trainer.train()
 
 losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]
