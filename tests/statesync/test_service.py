@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import os
 import pathlib
 import re
@@ -28,7 +29,7 @@ from p2pdl.statesync import _fetcher as ss_fetcher
 from p2pdl.statesync._messages import STATESYNC_PROTOCOL, GetChunk, GetManifest, Refused
 from p2pdl.statesync._service import STATESYNC_COUNTERS
 from p2pdl.statesync.config import KiB, MiB
-from p2pdl.testing import loopback_config, task_names
+from p2pdl.testing import loopback_config, task_names, wait_until
 from p2pdl.wire._frames import FrameKind, frame_header
 
 pytestmark = pytest.mark.timeout(60)
@@ -289,21 +290,28 @@ async def test_an_interrupted_download_resumes():
         donors[0].state_sync.share(RUN, 6, PAYLOAD)
         service = fetcher.state_sync
         call = service._call
+        let_through = [6]   # chunk requests answered before the rest hang
 
-        async def slow_call(peer, protocol, request, timeout=None):
+        async def gated_call(peer, protocol, request, timeout=None):
             if isinstance(request, GetChunk):
-                await trio.sleep(0.05)
+                if let_through[0] <= 0:
+                    await trio.sleep_forever()   # until the fetch is given up
+                let_through[0] -= 1
             return await call(peer, protocol, request, timeout)
 
-        service._call = slow_call
+        service._call = gated_call
         with pytest.raises(CallTimeoutError):
-            await service.fetch(RUN, [donors[0].peer_id], timeout=0.5)
+            await service.fetch(RUN, [donors[0].peer_id], timeout=2.0)
         kept = service.statistics()
         assert kept["partial_downloads"] == 1 and 0 < kept["partial_bytes"] < len(PAYLOAD)
         assert kept["fetches_failed"] == 1
         # Cancelled from outside, the chunks verified so far are kept too.
-        with trio.move_on_after(0.3):
-            await service.fetch(RUN, [donors[0].peer_id])
+        let_through[0] = 6
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(functools.partial(service.fetch, RUN, [donors[0].peer_id]))
+            await wait_until(
+                lambda: service.statistics()["partial_bytes"] > kept["partial_bytes"], 10)
+            nursery.cancel_scope.cancel()
         assert service.statistics()["partial_bytes"] > kept["partial_bytes"]
         service._call = call
         fetched_before = service.statistics()["chunks_fetched"]
