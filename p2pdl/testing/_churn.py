@@ -161,6 +161,9 @@ class ChurnOutcome:
     #: every generation of every slot: slot, generation, start and catch-up
     #: times, statistics, rounds (epoch, outcome, group size)
     peers: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    #: every live peer at the end: (slot, epoch, first 8 hex digits of its
+    #: parameters' digest)
+    finals: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         """The JSON-friendly figures (p50 and max of the lists)."""
@@ -183,7 +186,7 @@ class ChurnOutcome:
                 "seconds_without_an_averaged_round_after_a_kill":
                     p50_max(self.seconds_without_an_averaged_round_after_a_kill),
                 "rounds": dict(self.rounds), "state": dict(self.state),
-                "seconds": round(self.seconds, 1)}
+                "finals": list(self.finals), "seconds": round(self.seconds, 1)}
 
 
 #: The all-reduce's counters of the post-round exchange, summed into ``state``.
@@ -377,6 +380,7 @@ def churn_run(config: ChurnConfig, task: RegressionTask | None = None) -> ChurnO
         watcher.join(5.0)
         live = [current[s] for s in sorted(current)]
         finals = [(p.opt.local_epoch, _digest(p.model)) for p in live]
+        final_slots = [p.slot for p in live]
         loss = task.held_out_mse(current[0].model) if 0 in current else float("nan")
         for peer in live:
             peer.stats()
@@ -418,7 +422,9 @@ def churn_run(config: ChurnConfig, task: RegressionTask | None = None) -> ChurnO
                 "killed": None if g.killed_at is None else g.killed_at - started,
                 "own_parameters": g.own_parameters, "statistics": dict(g.statistics),
                 "rounds": [(i.epoch, i.outcome, i.group_size) for i in g.history]}
-               for g in generations])
+               for g in generations],
+        finals=[(slot, epoch, digest.hex()[:8])
+                for slot, (epoch, digest) in zip(final_slots, finals, strict=True)])
 
 
 def _choose(kind: str, current: dict[int, _Peer], lock: threading.Lock,

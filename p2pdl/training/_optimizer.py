@@ -399,6 +399,7 @@ class Optimizer(torch.optim.Optimizer):
         self._reset_accumulation()
         self._advance(epoch + 1)
         keeper.after_step()
+        keeper.check_routinely(serving)
         return stepped
 
     def _serving_peers_at(self, epoch: int) -> int:

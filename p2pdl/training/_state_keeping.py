@@ -112,6 +112,7 @@ class StateKeeper:
                        if config.checkpoint_dir is not None else None)
         self._checks = 0
         self._expected = 0   # offers awaited at this epoch, this peer's included
+        self._routine = False   # the check due is a routine one (check_routinely)
         self._next_check = 0.0
         self._next_sync = 0.0
         self._sync_failures = 0
@@ -382,6 +383,7 @@ class StateKeeper:
     def mark_suspect(self) -> None:
         """The last round failed or was partial: check before the next round."""
         self.suspect = True
+        self._routine = False
 
     def expect_offers(self, peers: int) -> None:
         """The last round's group left out peers seen at its epoch (``peers``
@@ -390,6 +392,21 @@ class StateKeeper:
         their offers are in (at most :data:`SPLIT_CHECKS` tries)."""
         self._expected = max(self._expected, peers)
         self.suspect = True
+        self._routine = False
+
+    def check_routinely(self, peers: int) -> None:
+        """After a global step that went well: every ``check_state_every`` epochs,
+        at an epoch where the peers offer their states, compare anyway, once
+        the offers of the ``peers`` serving peers seen at the last epoch are
+        in (a split that no round noticed, e.g. a view that missed the other
+        group, would otherwise last)."""
+        every = self.config.check_state_every
+        others = peers - (0 if self.node.client_mode else 1)
+        if not every or self.epoch % every or self.epoch % self.config.share_state_every \
+                or self.config.auxiliary or self.suspect or others < 1:
+            return
+        self.expect_offers(peers)
+        self._routine = True   # gives up after SPLIT_CHECKS tries without offers
 
     def check_due(self) -> bool:
         """Whether a consistency check should run now."""
@@ -408,11 +425,12 @@ class StateKeeper:
         other peer, one against one, the smaller digest wins, so that both
         pick the same.  A peer that holds another state downloads the
         winner.  While no peer offers this epoch, it asks again after
-        :data:`CHECK_RETRY` s, and gives up after :data:`MAX_CHECKS` tries.
+        :data:`CHECK_RETRY` s, and gives up after :data:`MAX_CHECKS` tries
+        (a routine check, :meth:`check_routinely`: :data:`SPLIT_CHECKS`).
         """
         self._checks += 1
         self._next_check = time.monotonic() + CHECK_RETRY
-        give_up = self._checks >= MAX_CHECKS
+        give_up = self._checks >= (SPLIT_CHECKS if self._routine else MAX_CHECKS)
         donors = [r.peer_id for r in tracker.peers()
                   if r.epoch == self.epoch and not r.client_mode and not r.auxiliary]
         offers = self.node.state_sync.offers(self.run_id, [ID(d) for d in donors]) \

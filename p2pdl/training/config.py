@@ -77,6 +77,14 @@ class OptimizerConfig:
             False a peer that falls behind only adopts the epoch.
         share_state_every: offer the state to joiners every this many
             epochs (1; serializing costs about one copy of the state).
+        check_state_every: compare this peer's state with the others' at
+            its epoch every this many epochs (5; at epochs where it offers
+            its state), even when every round went well; 0 compares only
+            after a failed or partial round, a split group or a lone
+            donor's state.  A split that nothing else noticed is mended
+            within this many epochs.  A check asks each peer seen at the
+            epoch for its state's digest (a few bytes) and waits up to 2 s
+            for those seen in the last round's epoch.
         sync_timeout: the longest one state download may take (s, 300).
         sync_retry: seconds between attempts while a download fails (5).
         ready_timeout: how long an auxiliary ``step()`` waits for a round (s, 60).
@@ -108,6 +116,7 @@ class OptimizerConfig:
     reduce_rate: float | None = None
     state_sync: bool = True
     share_state_every: int = 1
+    check_state_every: int = 5
     sync_timeout: float = 300.0
     sync_retry: float = 5.0
     ready_timeout: float = 60.0
@@ -153,6 +162,7 @@ class OptimizerConfig:
         if self.allreduce is not None and not isinstance(self.allreduce, AllReduceConfig):
             raise ConfigError("allreduce must be an AllReduceConfig or None")
         check_int("share_state_every", self.share_state_every, 1, 2**31)
+        check_int("check_state_every", self.check_state_every, 0, 2**31)
         check_int("checkpoint_every", self.checkpoint_every, 1, 2**31)
         check_int("checkpoint_keep", self.checkpoint_keep, 1, 1000)
         if self.checkpoint_dir is not None:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import pprint
+
 import pytest
 
 from p2pdl.testing import ChurnConfig, churn_run
@@ -14,10 +16,14 @@ def test_a_swarm_through_kills_mid_round_during_downloads_and_plain_ends_in_one_
     outcome = churn_run(ChurnConfig(
         peers=5, kills=4, kill_every=4.0, first_kill=4.0,
         kinds=("mid_round", "download", "plain", "mid_round"), settle_epochs=3,
-        seconds=200.0))
-    summary = outcome.summary() | {"peers": [
-        (p["slot"], p["generation"], p["statistics"].get("epoch"), p["rounds"][-6:])
-        for p in outcome.peers]}
+        seconds=200.0,
+        # every epoch, each peer compares its state with the others' (the
+        # default is every 5): a split mended by that shows in the end state
+        options=(("matchmaking_time", 5.0), ("check_state_every", 1))))
+    # a string, printed whole when an assertion fails
+    summary = pprint.pformat(outcome.summary() | {"peers": [
+        (p["slot"], p["generation"], p["statistics"].get("epoch"), p["rounds"][-8:])
+        for p in outcome.peers]}, width=100)
     # every kind of kill was made, and every victim was replaced
     assert [kill[1] for kill in outcome.kills] == ["mid_round", "download", "plain",
                                                    "mid_round"], summary

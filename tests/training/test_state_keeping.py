@@ -16,7 +16,7 @@ from libp2p.peer.id import ID
 import p2pdl
 from p2pdl.errors import ConfigError
 from p2pdl.training import CatchUp, OptimizerConfig, StateKeeper
-from p2pdl.training._state_keeping import MAX_CHECKS
+from p2pdl.training._state_keeping import MAX_CHECKS, SPLIT_CHECKS
 from p2pdl.training._strategies import make_strategy
 
 from .fake_node import FakeNode, FakeTracker, report
@@ -374,6 +374,56 @@ def test_the_consistency_check_asks_again_while_nobody_offers_then_gives_up():
     for _ in range(MAX_CHECKS - 1):
         k.check_consistency(tracker)
     assert not k.suspect and k.statistics()["consistency_checks"] == 0
+
+
+def test_every_check_state_every_epochs_a_peer_compares_even_after_good_rounds():
+    # A split that no round noticed (say, a view that missed the other group)
+    # is mended by the routine check: the majority's state is downloaded.
+    node = FakeNode()
+    agreed, model = keeper(weight=2.0)
+    k, mine = keeper(node, weight=3.0, check_state_every=5)
+    for epoch, due in [(4, False), (5, True), (6, False), (10, True)]:
+        k.epoch = agreed.epoch = epoch
+        k.check_routinely(3)
+        assert k.suspect is due, epoch
+        k.suspect = False
+    k.check_routinely(1)   # no other peer seen at the epoch: nothing to compare with
+    assert not k.suspect
+    k.check_routinely(3)
+    theirs = agreed.digest()
+    node.state_sync.offered = {ID(PEER_A): (10, theirs)}
+    node.state_sync.payloads.append((10, agreed.serialized()))
+    tracker = FakeTracker(reports=[report(PEER_A, 10), report(PEER_B, 10)])
+    # it waits for the offers of the peers seen at the last epoch (3 with this one) ...
+    assert not k.check_consistency(tracker) and k.suspect and not node.state_sync.fetched
+    node.state_sync.offered[ID(PEER_B)] = (10, theirs)
+    # ... then two against one: it takes their state
+    assert k.check_consistency(tracker)
+    assert torch.equal(mine.weight, model.weight) and not k.suspect
+    assert k.statistics()["repairs"] == 1
+
+
+@pytest.mark.parametrize("options", [{"check_state_every": 0},
+                                     {"check_state_every": 4, "share_state_every": 3},
+                                     {"auxiliary": True}])
+def test_no_routine_check_when_off_at_epochs_nobody_offers_or_on_auxiliary_peers(options):
+    k, _ = keeper(**options)
+    k.epoch = 4
+    k.check_routinely(3)
+    assert not k.suspect
+
+
+def test_a_routine_check_gives_up_sooner_than_a_suspicion_when_nobody_offers():
+    node = FakeNode()
+    k, _ = keeper(node, check_state_every=1)
+    k.epoch = 1
+    k.check_routinely(2)
+    tracker = FakeTracker(reports=[report(PEER_A, 1)])
+    for _ in range(SPLIT_CHECKS):
+        assert not k.check_consistency(tracker)
+    assert not k.suspect and k.statistics()["consistency_checks"] == 0
+    with pytest.raises(ConfigError, match="check_state_every"):
+        OptimizerConfig(check_state_every=-1)
 
 
 def test_checkpoints_are_written_when_due_and_resumed(tmp_path):
