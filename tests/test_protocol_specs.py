@@ -54,7 +54,8 @@ from p2pdl.net._relay import REFRESH_AT
 from p2pdl.progress import PROGRESS_PROTOCOL_ID, SNAPSHOT_PREFIX, ProgressConfig
 from p2pdl.progress import _messages as progress_messages
 from p2pdl.progress import config as progress_config
-from p2pdl.progress._service import ALONE_READ_INTERVAL, MAX_PUSH_BACKOFF
+from p2pdl.progress._gossip import MAX_PUSH_BACKOFF
+from p2pdl.progress._service import ALONE_READ_INTERVAL
 from p2pdl.statesync import STATESYNC_PROTOCOL_ID, StateSyncConfig
 from p2pdl.statesync import _downloads as ss_downloads
 from p2pdl.statesync import _messages as ss_messages

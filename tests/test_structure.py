@@ -5,6 +5,10 @@
 * Every name a package ``__init__`` re-exports exists, and every package's
   docstring names each of its modules.
 * ``import p2pdl`` does not load torch.
+* Every protocol package has the same inner shape (``config``, ``_messages``,
+  a sans-IO core, ``_service``); its logic is sans-IO: only ``_service`` and
+  the I/O modules named in IO_MODULES import trio or sockets; no ``_service``
+  module grows past MAX_SERVICE_LINES.
 """
 
 from __future__ import annotations
@@ -38,6 +42,19 @@ LAYERS = {
 }
 #: Root modules every layer may import although their names are private.
 SHARED = {"_concurrency", "_version"}
+#: The modules of protocol packages, beside ``_service``, that do I/O (trio):
+#: each holds one side of a service's work (the all-reduce's sender, reducer,
+#: disputes...; state sync's fetcher).  Every other module of a protocol
+#: package is sans-IO.
+IO_MODULES = {
+    "p2pdl.averaging.allreduce": {"_accusing", "_disputes", "_exchange", "_reducing",
+                                  "_sending", "_session"},
+    "p2pdl.statesync": {"_fetcher"},
+}
+#: The longest a ``_service.py`` may be (lines): wiring of one protocol, not its logic.
+MAX_SERVICE_LINES = 900
+#: What a module does I/O with.
+IO_IMPORTS = ("trio", "socket", "asyncio", "threading")
 
 
 def modules() -> dict[str, pathlib.Path]:
@@ -192,3 +209,47 @@ def test_import_p2pdl_does_not_load_torch():
             "assert 'torch' not in sys.modules, 'torch was imported'; "
             "p2pdl.Node; p2pdl.open_node; p2pdl.MatchmakingConfig")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60, cwd=ROOT)
+
+
+def protocol_packages() -> list[str]:
+    return sorted(name.rsplit(".", 1)[0] for name in MODULES if name.endswith("._service"))
+
+
+def test_protocol_packages_have_the_same_inner_shape():
+    odd = []
+    for package in protocol_packages():
+        has = {name.rsplit(".", 1)[1] for name in MODULES if name.startswith(package + ".")}
+        core = "_state" in has or package == "p2pdl.dht"   # the DHT's core: routing, records
+        if not ({"config", "_messages", "_service"} <= has and core):
+            odd.append(f"{package}: {sorted(has)}")
+    assert protocol_packages() and not odd, "\n".join(odd)
+
+
+def test_protocol_logic_is_sans_io_outside_the_services():
+    doing_io, stale = [], []
+    for package in protocol_packages():
+        allowed = IO_MODULES.get(package, set()) | {"_service"}
+        for name, path in MODULES.items():
+            if not name.startswith(package + ".") or name.count(".") != package.count(".") + 1:
+                continue
+            module = name.rsplit(".", 1)[1]
+            tree = ast.parse(path.read_text())
+            found = set()
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    found |= {a.name.split(".")[0] for a in node.names}
+                elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                    found.add(node.module.split(".")[0])
+            io = sorted(found & set(IO_IMPORTS))
+            if io and module not in allowed:
+                doing_io.append(f"{name} imports {io}")
+            if module in IO_MODULES.get(package, set()) and not io:
+                stale.append(f"{name} is in IO_MODULES but does no I/O")
+    assert not doing_io and not stale, "\n".join(doing_io + stale)
+
+
+def test_services_are_wiring_not_logic():
+    long = [f"{name}: {len(path.read_text().splitlines())} lines"
+            for name, path in MODULES.items() if name.endswith("._service")
+            and len(path.read_text().splitlines()) > MAX_SERVICE_LINES]
+    assert not long, "\n".join(long)

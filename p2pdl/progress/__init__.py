@@ -16,10 +16,13 @@ signed reports support.  Reach it as ``node.progress``.  Modules:
 * ``_messages`` -- the protocol ``/p2pdl/progress/1.0.0``: reports, pushes, signatures.
 * ``_state`` -- :class:`ProgressView` (the global view, the quorum epoch, the
   role caps), :class:`PublishPolicy` (dead reckoning), :class:`RateEMA` (sans-IO).
-* ``_service`` -- :class:`ProgressService` and :class:`ProgressTracker`: gossip,
-  anti-entropy, DHT snapshots.
+* ``_gossip`` -- :class:`RunGossip`: one run's reports, members, evidence and
+  pushes, and the checks of every report received (sans-IO).
+* ``_service`` -- :class:`ProgressService` and :class:`ProgressTracker`: signing,
+  pushing, anti-entropy and DHT snapshots on trio.
 """
 
+from ._gossip import TrackerStatistics as TrackerStatistics
 from ._messages import PROGRESS_PROTOCOL as PROGRESS_PROTOCOL
 from ._messages import PROGRESS_PROTOCOL_ID as PROGRESS_PROTOCOL_ID
 from ._messages import Report as Report
@@ -30,7 +33,6 @@ from ._service import SNAPSHOT_SCHEMA as SNAPSHOT_SCHEMA
 from ._service import ProgressService as ProgressService
 from ._service import ProgressStatistics as ProgressStatistics
 from ._service import ProgressTracker as ProgressTracker
-from ._service import TrackerStatistics as TrackerStatistics
 from ._state import GlobalProgress as GlobalProgress
 from ._state import PeerReport as PeerReport
 from ._state import ProgressView as ProgressView

@@ -20,12 +20,12 @@ member of the run as the node's membership says (``context.members``; a
 credential the report carries is offered to it first), and only within its
 role's caps; a monitor's reports count for nothing.  Peers caught beyond
 their caps or far ahead of the quorum's epoch are written in the node's
-flag book (``context.flags``).  The logic is in ``_state`` (sans-IO).
+flag book (``context.flags``).  The logic is sans-IO: the view and the
+checks in ``_state``, what a tracker knows of its run in ``_gossip``.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 import math
@@ -53,9 +53,9 @@ from ..service import (
     serve_nothing,
 )
 from ..wire import Message, RequestContext
+from ._gossip import Absorbed, RunGossip, TrackerStatistics, short
 from ._messages import (
     PROGRESS_PROTOCOL,
-    DigestEntry,
     Push,
     Report,
     Reports,
@@ -65,25 +65,19 @@ from ._messages import (
 from ._state import (
     GlobalProgress,
     PeerReport,
-    ProgressView,
     PublishPolicy,
     RateEMA,
     Verdict,
-    check_role_caps,
-    screen_report,
-    to_peer_report,
 )
 from .config import (
     MAX_ADDRS,
     MAX_CREDENTIAL_SIZE,
-    MAX_DIGEST,
-    MAX_REPORTS,
     SNAPSHOT_PREFIX,
     ProgressConfig,
 )
 
-__all__ = ["ProgressService", "ProgressTracker", "SNAPSHOT_SCHEMA", "TRACKER_COUNTERS",
-           "ProgressStatistics", "TrackerStatistics"]
+__all__ = ["ProgressService", "ProgressTracker", "SNAPSHOT_SCHEMA", "ProgressStatistics",
+           "ALONE_READ_INTERVAL"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,48 +95,6 @@ class ProgressStatistics(Statistics):
     reports_unknown_run: int = 0
 
 
-@dataclasses.dataclass(frozen=True)
-class TrackerStatistics(Statistics):
-    """What ``ProgressTracker.statistics()`` says: the view's size and counters
-    (every one present, from 0).
-
-    ``evidence_received``: reports handed in as the evidence of a claim
-    (:meth:`ProgressService.weight_evidence`); ``evidence_refused``: those
-    not taken (another peer's, or dropped by the checks of a pushed report,
-    each also counted under its ``dropped_*`` reason).
-    """
-
-    run_id: str
-    peers: int
-    members: int
-    reports_published: int = 0
-    reports_received: int = 0
-    reports_accepted: int = 0
-    reports_stale: int = 0
-    dropped_bad_signature: int = 0
-    dropped_absurd: int = 0
-    dropped_wrong_run: int = 0
-    dropped_full: int = 0
-    dropped_not_member: int = 0
-    dropped_impossible: int = 0
-    ignored_monitor: int = 0
-    credentials_learnt: int = 0
-    evidence_received: int = 0
-    evidence_refused: int = 0
-    flagged_epoch_ahead: int = 0
-    pushes_sent: int = 0
-    pushes_failed: int = 0
-    syncs: int = 0
-    snapshots_stored: int = 0
-    snapshots_failed: int = 0
-    snapshot_fetches: int = 0
-
-
-#: The counters of :meth:`ProgressTracker.statistics` (all present, from 0).
-TRACKER_COUNTERS = TrackerStatistics.counter_names()
-
-#: Longest rest of a member whose pushes keep failing (s); see max_push_failures.
-MAX_PUSH_BACKOFF = 60.0
 #: While it knows no member, a peer that started tracking less than ``join_wait``
 #: ago reads the DHT snapshot this often (s): a joiner hears the swarm at once.
 ALONE_READ_INTERVAL = 0.25
@@ -287,6 +239,9 @@ class ProgressTracker:
 
     Call :meth:`report` after each local step; read :meth:`global_progress`
     or await :meth:`wait_ready`; call :meth:`update_epoch` after the step.
+    What it knows and decides of the run's gossip is a
+    :class:`~p2pdl.progress._gossip.RunGossip` (sans-IO); the tracker signs,
+    pushes, schedules and wakes up.
     """
 
     def __init__(self, deps: _Dependencies, run_id: str, target_batch_size: int,
@@ -303,7 +258,9 @@ class ProgressTracker:
         self._clock = deps.clock
         self._peer_id: ID = deps.host.peer_id
         self._key = deps.host.libp2p.get_private_key()
-        self._view = ProgressView(self._peer_id.to_bytes(), target_batch_size, config)
+        self._gossip = RunGossip(self._peer_id.to_bytes(), run_id, target_batch_size, config,
+                                 members=deps.members, flags=deps.flags, now=self._clock())
+        self._view = self._gossip.view
         self._policy = PublishPolicy(config)
         self._ema = RateEMA(config.rate_half_life)
         self._epoch = 0
@@ -311,23 +268,14 @@ class ProgressTracker:
         self._rate_override: float | None = None
         self._own: Report | None = None
         self._own_by_epoch: dict[int, Report] = {}   # the two latest epochs' last own reports
-        self._signed: dict[bytes, Report] = {}
-        self._contacts: dict[bytes, float] = {}   # peer -> wall time its membership ends
         self._pending: dict[bytes, bool] = {}     # peer -> a push is due (with a reply wanted)
         self._inflight: set[bytes] = set()
-        self._failures: dict[bytes, int] = collections.defaultdict(int)
-        self._retry_at: dict[bytes, float] = {}   # peer -> trio time its pushes resume
-        self._synced: set[bytes] = set()
         self._limiter = trio.Semaphore(config.max_concurrent_pushes)
         self._changed = trio.Event()
         self._wakeup = trio.Event()
         self._snapshot_due = trio.Event()
-        self._last_live = self._clock()
-        self._counters = dict.fromkeys(TRACKER_COUNTERS, 0)
         self._closed = False
         self._votes = False          # the local epoch counts in the quorum (see _state)
-        self._evidence: dict[int, dict[bytes, int]] = {}   # epoch -> peer -> most samples
-        self._flagged_ahead: dict[bytes, int] = {}          # peer -> quorum epoch flagged at
         self._credential_warned = False
 
     def start(self) -> None:
@@ -343,6 +291,17 @@ class ProgressTracker:
     def own_report(self, epoch: int) -> Report | None:
         """This peer's last signed report at ``epoch`` (its two latest epochs kept)."""
         return self._own_by_epoch.get(epoch)
+
+    def members(self) -> list[bytes]:
+        """The peers this tracker pushes to (reports in the view, or unexpired
+        DHT snapshot entries)."""
+        return self._gossip.members()
+
+    @property
+    def gossip(self) -> RunGossip:
+        """What this tracker knows and decides of the run's gossip (sans-IO; read it,
+        do not change it)."""
+        return self._gossip
 
     # -- the local peer ---------------------------------------------------------
 
@@ -399,7 +358,7 @@ class ProgressTracker:
             # still at the epoch it started with abstains (a joiner at 0 is
             # no evidence against the swarm it joins).
             self._votes = True
-            self._prune_evidence(epoch)
+            self._gossip.set_epoch(epoch)
         self._epoch, self._samples = epoch, samples_accumulated
         self._local_changed()
 
@@ -451,7 +410,7 @@ class ProgressTracker:
         now = self._clock()
         self._set_local(now)
         progress = self._view.global_progress(now)
-        self._judge(progress, now)
+        self._gossip.judge(progress, now)
         return progress
 
     @property
@@ -496,221 +455,50 @@ class ProgressTracker:
         key = peer.to_bytes() if isinstance(peer, ID) else bytes(peer)
         if key == self._view.local_peer:
             return self._samples if epoch == self._epoch else 0
-        best = self._evidence.get(epoch, {}).get(key, 0)
-        report = self._view.report_of(key)
-        if report is not None and report.epoch == epoch:
-            best = max(best, report.samples_accumulated)
-        return best
-
-    def _record_evidence(self, report: Report) -> None:
-        if abs(report.epoch - self._epoch) > 1:
-            return
-        counts = self._evidence.setdefault(report.epoch, {})
-        counts[report.peer_id] = max(counts.get(report.peer_id, 0), report.samples_accumulated)
-
-    def _prune_evidence(self, epoch: int) -> None:
-        for old in [e for e in self._evidence if abs(e - epoch) > 1]:
-            del self._evidence[old]
-
-    def _judge(self, progress: GlobalProgress, now: float) -> None:
-        """Flag the peers ahead of the quorum, once per quorum epoch each."""
-        for peer in progress.ahead:
-            if self._flagged_ahead.get(peer) == progress.quorum_epoch:
-                continue
-            self._flagged_ahead[peer] = progress.quorum_epoch
-            report = self._view.report_of(peer)
-            claimed = report.epoch if report is not None else "?"
-            self._counters["flagged_epoch_ahead"] += 1
-            self._deps.flags.flag(peer, self.run_id, "epoch_ahead", now,
-                                      f"reports epoch {claimed}, the quorum is at "
-                                      f"{progress.quorum_epoch}")
-        if len(self._flagged_ahead) > self.config.max_peers:
-            for peer in [p for p in self._flagged_ahead if p not in progress.ahead]:
-                del self._flagged_ahead[peer]
+        return self._gossip.reported_samples(key, epoch)
 
     def statistics(self) -> TrackerStatistics:
         """Counters (every one present, from 0) and the view's size."""
-        return TrackerStatistics(self.run_id, len(self._view), len(self._members()),
-                                 **self._counters)
+        return self._gossip.statistics()
 
     # -- receiving --------------------------------------------------------------
 
     def _absorb(self, report: Report, sender: ID | None, now: float) -> Verdict | None:
-        """Check and take one report; None when it was dropped before the view."""
-        self._counters["reports_received"] += 1
-        if report.run_id != self.run_id:
-            self._counters["dropped_wrong_run"] += 1
-            return None
-        known = self._signed.get(report.peer_id)
-        if known is not None and (report.epoch, report.time) <= (known.epoch, known.time):
-            self._counters["reports_stale"] += 1
-            return Verdict.STALE
-        if report.peer_id == self._view.local_peer:
-            return Verdict.SELF
-        screened = screen_report(report, now, self.run_id, self.config, self._deps.members,
-                                 learn=True)
-        if screened.learnt:
-            self._counters["credentials_learnt"] += 1
-        if screened.drop is not None:
-            self._counters[screened.drop] += 1
-            if screened.drop == "ignored_monitor":
-                # A monitor follows the run: it gets the gossip, its reports count
-                # for nothing (not in the view, not forwarded, no evidence).
-                self._add_contact(report.peer_id, now + self.config.report_ttl)
-            else:
-                logger.debug("run %s: dropped a report of %s (from %s): %s", self.run_id,
-                             _short(report.peer_id), sender, screened.reason)
-            return None
-        peer = screened.peer
-        assert peer is not None
-        live = sender is not None and sender.to_bytes() == report.peer_id
-        verdict = self._view.offer(to_peer_report(report), now, live=live, role=screened.role)
-        if verdict is Verdict.ACCEPTED:
-            self._counters["reports_accepted"] += 1
-            self._signed[report.peer_id] = report
-            self._record_evidence(report)
-            if self._add_contact(report.peer_id, now + self.config.report_ttl) and not live:
-                # Heard of it through a third peer: introduce ourselves, so that
-                # membership spreads in one round trip, not one sync interval.
-                self._schedule_push(report.peer_id)
-            if live:
-                self._last_live = now
+        """Take one report (``RunGossip.absorb``) and act on what it made of it."""
+        return self._acted(self._gossip.absorb(
+            report, None if sender is None else sender.to_bytes(), now))
+
+    def _acted(self, absorbed: Absorbed) -> Verdict | None:
+        if absorbed.introduce is not None:
+            self._schedule_push(absorbed.introduce)
+        if absorbed.changed:
             self._changed.set()
             self._wakeup.set()
-        elif verdict is Verdict.STALE:
-            self._counters["reports_stale"] += 1
-        elif verdict is Verdict.FULL:
-            self._counters["dropped_full"] += 1
-        elif verdict is Verdict.ABSURD:
-            self._counters["dropped_absurd"] += 1
-        elif verdict is Verdict.IMPOSSIBLE:
-            self._counters["dropped_impossible"] += 1
-            kind, detail = self._view.last_problem or ("impossible_samples", "")
-            self._deps.flags.flag(peer, self.run_id, kind, now, detail)
-        return verdict
+        return absorbed.verdict
 
     def take_evidence(self, report: Report, sender: ID) -> None:
-        """A report ``sender`` attached to a claim of its own: taken like its push."""
-        self._counters["evidence_received"] += 1
-        now = self._clock()
-        taken = False
-        if report.peer_id != sender.to_bytes():
-            logger.debug("run %s: %s attached a report of another peer (%s) to its claim",
-                         self.run_id, sender, _short(report.peer_id))
-        else:
-            known = self._signed.get(report.peer_id)
-            verdict = self._absorb(report, sender, now)
-            # Stale because this node holds it or a newer one: nothing new, not refused
-            # (a report older than report_ttl is refused).
-            taken = verdict is Verdict.ACCEPTED or (
-                verdict is Verdict.STALE and known is not None
-                and (report.epoch, report.time) <= (known.epoch, known.time))
-            if verdict is Verdict.STALE and known is not None and report.epoch < known.epoch:
-                # The peer already reports a later epoch (its round of this one
-                # runs with delayed updates) and the push of this report may
-                # have been overtaken: still evidence for its own epoch.
-                taken = self._take_late_evidence(report, now)
-        if not taken:
-            self._counters["evidence_refused"] += 1
-
-    def _take_late_evidence(self, report: Report, now: float) -> bool:
-        """Record the samples of a report older than its peer's newest one (not
-        for the view): the checks of a pushed report, its count capped as a
-        first report at its epoch."""
-        if abs(report.epoch - self._epoch) > 1:
-            return True   # no evidence is kept for that epoch: nothing to take
-        screened = screen_report(report, now, self.run_id, self.config, self._deps.members,
-                                 learn=False)
-        if screened.drop is not None:
-            self._counters[screened.drop] += 1
-            return False
-        problem = check_role_caps(to_peer_report(report), None, 0.0, screened.role,
-                                  self.target_batch_size, self.config)
-        if problem is not None:
-            self._counters["dropped_impossible"] += 1
-            self._deps.flags.flag(screened.peer, self.run_id, problem[0], now, problem[1])
-            return False
-        self._record_evidence(report)
-        return True
+        """A report ``sender`` attached to a claim of its own: taken like its push
+        (``RunGossip.take_evidence``)."""
+        self._acted(self._gossip.take_evidence(report, sender.to_bytes(), self._clock()))
 
     def on_push(self, sender: ID, request: Push) -> Reports:
         """Answer ``sender``'s push (the service's handler, for this run)."""
         now = self._clock()
         sender_key = sender.to_bytes()
-        was_member = sender_key in self._contacts
+        was_member = self._gossip.is_member(sender_key)
         for report in request.reports:
             self._absorb(report, sender, now)
-        if sender_key in self._contacts:
-            self._failures.pop(sender_key, None)
-            self._retry_at.pop(sender_key, None)
-            if not was_member and request.want_reply:
-                self._synced.add(sender_key)  # the reply tells it what we know
-                self._pending.pop(sender_key, None)
+        if self._gossip.pushed_by(sender_key, was_member, request.want_reply):
+            self._pending.pop(sender_key, None)
         if not request.want_reply:
             return Reports()
-        return Reports(self._missing_at(request.digest, exclude=sender_key))
+        return Reports(self._gossip.missing_at(request.digest, sender_key, self._own, now))
 
-    def _missing_at(self, digest: tuple[DigestEntry, ...], exclude: bytes) -> tuple[Report, ...]:
-        """Reports this peer holds that are newer than what ``digest`` lists (own first)."""
-        known = {entry.peer_id: entry.time for entry in digest}
-        out: list[Report] = []
-        candidates = [self._own] if self._own is not None else []
-        candidates += [r for p, r in self._signed.items() if p != exclude]
-        now = self._clock()
-        live = {r.peer_id for r in self._view.peers(now)}
-        for report in candidates:
-            if report.peer_id != self._view.local_peer and report.peer_id not in live:
-                continue
-            if report.time > known.get(report.peer_id, -math.inf):
-                out.append(report)
-                if len(out) == MAX_REPORTS:
-                    break
-        return tuple(out)
-
-    def _digest(self) -> tuple[DigestEntry, ...]:
-        entries = [DigestEntry(p, r.time) for p, r in self._signed.items()]
-        return tuple(entries[:MAX_DIGEST])
-
-    # -- membership and pushing -------------------------------------------------
-
-    def _add_contact(self, peer: bytes, until: float) -> bool:
-        """Keep ``peer`` as a member until ``until``; True if it is a new one."""
-        if peer == self._view.local_peer:
-            return False
-        new = peer not in self._contacts
-        if new and len(self._contacts) >= self.config.max_peers:
-            self._expire_contacts(self._clock())
-            if len(self._contacts) >= self.config.max_peers:
-                return False
-        self._contacts[peer] = max(until, self._contacts.get(peer, -math.inf))
-        return new
-
-    def _expire_contacts(self, now: float) -> None:
-        for peer in [p for p, until in self._contacts.items() if until < now]:
-            del self._contacts[peer]
-            self._signed.pop(peer, None)
-            self._synced.discard(peer)
-            self._failures.pop(peer, None)
-            self._retry_at.pop(peer, None)
-        for peer in self._view.expire(now):
-            self._signed.pop(peer, None)
-
-    def _members(self) -> list[bytes]:
-        return list(self._contacts)
+    # -- pushing ----------------------------------------------------------------
 
     def _push_targets(self) -> list[bytes]:
-        """Members worth a push: not failing, and reachable (a client only while connected)."""
         connected = {p.to_bytes() for p in self._host.connected_peers()}
-        clock = trio.current_time()
-        out = []
-        for peer in self._contacts:
-            if self._retry_at.get(peer, -math.inf) > clock:
-                continue
-            report = self._view.report_of(peer)
-            if report is not None and report.client_mode and peer not in connected:
-                continue
-            out.append(peer)
-        return out
+        return self._gossip.push_targets(connected, trio.current_time())
 
     def _schedule_push(self, peer: bytes, want_reply: bool = False) -> None:
         if self._closed:
@@ -723,36 +511,23 @@ class ProgressTracker:
     async def _push_loop(self, peer: bytes) -> None:
         try:
             while peer in self._pending:
-                want_reply = self._pending.pop(peer) or peer not in self._synced
+                want_reply = self._pending.pop(peer) or self._gossip.wants_reply(peer)
                 async with self._limiter:
                     await self._push(peer, want_reply)
         finally:
             self._inflight.discard(peer)
 
     async def _push(self, peer: bytes, want_reply: bool) -> bool:
-        own = (self._own,) if self._own is not None else ()
-        request = Push(self.run_id, own, want_reply, self._digest() if want_reply else ())
+        request = self._gossip.push(self._own, want_reply)
         try:
             response = await self._deps.call(ID(peer), PROGRESS_PROTOCOL, request,
-                                                 self.config.push_timeout)
+                                             self.config.push_timeout)
         except P2PDLError as exc:
-            self._counters["pushes_failed"] += 1
-            self._failures[peer] += 1
-            if not self._host.is_connected(ID(peer)):
-                # Gone (killed, shut down): its report leaves the view at once
-                # rather than after report_ttl, so that it moves no quorum and
-                # counts for no readiness; its next report brings it back.
-                self._view.forget(peer)
-            excess = self._failures[peer] - self.config.max_push_failures
-            if excess >= 0:  # rest it, doubling up to MAX_PUSH_BACKOFF, then try again
-                self._retry_at[peer] = trio.current_time() + min(
-                    MAX_PUSH_BACKOFF, self.config.sync_interval * 2.0 ** excess)
-            logger.debug("run %s: push to %s failed: %s", self.run_id, _short(peer), exc)
+            self._gossip.push_failed(peer, self._host.is_connected(ID(peer)),
+                                     trio.current_time())
+            logger.debug("run %s: push to %s failed: %s", self.run_id, short(peer), exc)
             return False
-        self._counters["pushes_sent"] += 1
-        self._failures.pop(peer, None)
-        self._retry_at.pop(peer, None)
-        self._synced.add(peer)
+        self._gossip.push_succeeded(peer)
         assert isinstance(response, Reports)
         now = self._clock()
         for report in response.reports:
@@ -766,7 +541,7 @@ class ProgressTracker:
             now = self._clock()
             local = self._set_local(now)
             progress = self._view.global_progress(now)
-            self._judge(progress, now)
+            self._gossip.judge(progress, now)
             due = self._policy.next_publish(local, progress, self._ema.typical_batch, now)
             if due <= now:
                 self._publish(local, now)
@@ -785,10 +560,10 @@ class ProgressTracker:
         for epoch in sorted(self._own_by_epoch)[:-2]:
             del self._own_by_epoch[epoch]
         self._policy.published(local, now)
-        self._counters["reports_published"] += 1
+        self._gossip.counters["reports_published"] += 1
         if previous is None:
             self._snapshot_due.set()
-        self._expire_contacts(now)
+        self._gossip.expire(now)
         for peer in self._push_targets():
             self._schedule_push(peer)
 
@@ -809,7 +584,7 @@ class ProgressTracker:
             await trio.sleep(self.config.sync_interval * random.uniform(0.8, 1.2))
             targets = self._push_targets()
             if targets:
-                self._counters["syncs"] += 1
+                self._gossip.counters["syncs"] += 1
                 self._schedule_push(random.choice(targets), want_reply=True)
 
     async def _snapshots(self) -> None:
@@ -827,8 +602,8 @@ class ProgressTracker:
                 await self._store_snapshot(dht, key)
                 next_store = trio.current_time() + self.config.snapshot_interval
             now = self._clock()
-            alone = not self._contacts
-            partitioned = now - self._last_live > self.config.partition_timeout
+            alone = not self._gossip.members()
+            partitioned = now - self._gossip.last_live > self.config.partition_timeout
             if clock >= next_read and (alone or partitioned):
                 if alone and self._own is not None:
                     # A store made before the DHT knew any other node stayed
@@ -836,13 +611,15 @@ class ProgressTracker:
                     await self._store_snapshot(dht, key)
                 await self._read_snapshot(dht, key, latest=alone)
                 joining = trio.current_time() < started + self.config.join_wait
-                if alone and not self._contacts and not joining:
+                if alone and not self._gossip.members() and not joining:
                     alone_backoff = min(alone_backoff * 2, self.config.sync_interval * 2)
-                elif not alone or self._contacts:
+                elif not alone or self._gossip.members():
                     alone_backoff = 1.0
-                    self._last_live = self._clock()  # give gossip a partition_timeout to resume
+                    # give gossip a partition_timeout to resume
+                    self._gossip.last_live = self._clock()
                 next_read = trio.current_time() + (
-                    ALONE_READ_INTERVAL if joining and not self._contacts else alone_backoff)
+                    ALONE_READ_INTERVAL if joining and not self._gossip.members()
+                    else alone_backoff)
             wake = min(next_store, next_read) - trio.current_time()
             with trio.move_on_after(max(wake, 0.05)):
                 await self._snapshot_due.wait()
@@ -856,10 +633,10 @@ class ProgressTracker:
         except P2PDLError as exc:
             ok = False
             logger.debug("run %s: storing the snapshot failed: %s", self.run_id, exc)
-        self._counters["snapshots_stored" if ok else "snapshots_failed"] += 1
+        self._gossip.counters["snapshots_stored" if ok else "snapshots_failed"] += 1
 
     async def _read_snapshot(self, dht: DHTService, key: str, latest: bool = False) -> None:
-        self._counters["snapshot_fetches"] += 1
+        self._gossip.counters["snapshot_fetches"] += 1
         try:
             # A replica's copy: pushes fill in the rest.  While alone, ask the
             # nearest nodes (latest): this node's own copy may hold only itself.
@@ -880,19 +657,12 @@ class ProgressTracker:
                 continue
             if self._absorb(value.report, None, now) is None:
                 continue
-            if peer not in self._contacts:
+            if not self._gossip.is_member(peer):
                 fresh.append(peer)
-            self._add_contact(peer, entry.expiration)
+            self._gossip.add_contact(peer, entry.expiration, now)
             try:
                 self._host.add_addrs(ID(peer), value.addrs)
             except Exception:  # an address that does not parse: the peer may be dialled otherwise
-                logger.debug("run %s: bad addresses in %s's snapshot", self.run_id, _short(peer))
+                logger.debug("run %s: bad addresses in %s's snapshot", self.run_id, short(peer))
         for peer in fresh:
             self._schedule_push(peer, want_reply=True)
-
-
-def _short(peer: bytes) -> str:
-    try:
-        return str(ID(peer))[-8:]
-    except Exception:
-        return peer[-6:].hex()

@@ -170,7 +170,7 @@ async def test_role_caps_drop_flag_and_count(autojump_clock):
             progress = tracker.global_progress()
             assert progress.samples_accumulated == 0 and progress.num_peers == 1
             # The monitor is no voice in the view but gets the gossip.
-            assert monitor.peer_id.to_bytes() in tracker._members()
+            assert monitor.peer_id.to_bytes() in tracker.members()
             # A plausible report of the liar is taken; then a count that grew
             # faster than the cap allows is not.
             good = sign_report(liar_key, liar.peer_id, RUN, 0, 50, 10.0, now + 0.1, False)

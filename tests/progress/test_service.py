@@ -13,9 +13,8 @@ import trio
 
 from p2pdl import NodeConfig
 from p2pdl.errors import ConfigError, LocalProtocolError, StreamClosedError
-from p2pdl.progress import PROGRESS_PROTOCOL, ProgressConfig, sign_report
+from p2pdl.progress import PROGRESS_PROTOCOL, ProgressConfig, TrackerStatistics, sign_report
 from p2pdl.progress._messages import DigestEntry, Push, Reports
-from p2pdl.progress._service import TRACKER_COUNTERS
 from p2pdl.testing import (
     MemoryNetwork,
     open_memory_nodes,
@@ -44,7 +43,8 @@ def memory_nodes(count: int, config: NodeConfig | None = None):
 async def wait_in_sync(trackers, timeout: float = 60) -> None:
     """Until every tracker knows every other and has pushed to each once."""
     n = len(trackers)
-    await wait_until(lambda: all(t.global_progress().num_peers == n and len(t._synced) == n - 1
+    await wait_until(lambda: all(t.global_progress().num_peers == n
+                                 and len(t.gossip.synced()) == n - 1
                                  for t in trackers), timeout, step=0.05)
 
 
@@ -76,7 +76,7 @@ async def test_sixteen_peers_agree_on_the_count_within_one_publish_interval(auto
                              config.heartbeat_interval + 1)
             for tracker in trackers:
                 stats = tracker.statistics()
-                assert set(TRACKER_COUNTERS) <= set(stats)
+                assert set(TrackerStatistics.counter_names()) <= set(stats)
                 assert stats["dropped_bad_signature"] == stats["dropped_absurd"] == 0
                 assert stats["peers"] == 15
 
