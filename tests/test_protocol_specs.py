@@ -30,6 +30,7 @@ from p2pdl.averaging import (
 )
 from p2pdl.averaging.allreduce import _evidence as ar_evidence
 from p2pdl.averaging.allreduce import _messages as ar_messages
+from p2pdl.averaging.allreduce import _parts as ar_parts
 from p2pdl.averaging.allreduce import _state as ar_state
 from p2pdl.averaging.allreduce import config as ar_config
 from p2pdl.averaging.matchmaking import _messages as mm_messages
@@ -357,7 +358,7 @@ def test_allreduce_definitions_match_the_code():
         assert number(rows[name]) == getattr(ar_config, name), name
     assert number(rows["LAYOUT_VERSION"]) == ar_state.LAYOUT_VERSION
     assert number(rows["MIN_CAPPED_CONTRIBUTORS"]) == ar_state.MIN_CAPPED_CONTRIBUTORS
-    assert number(rows["MIN_OUTLIER_VALUES"]) == ar_state.MIN_OUTLIER_VALUES
+    assert number(rows["MIN_OUTLIER_VALUES"]) == ar_parts.MIN_OUTLIER_VALUES
     from p2pdl.averaging.allreduce import _verify as ar_verify
     for name in ("SKETCH_BUCKETS", "NORM_SLACK", "NONCE_SIZE", "TAU_SLACK", "RESIDUAL_SLACK",
                  "FLOAT32_ULPS"):

@@ -9,9 +9,11 @@ Modules:
 * ``_messages`` -- the protocol: begin, done, reject, and after the round
   have, check, dispute and proof; the chunks travel as TENSOR frames.
 * ``_state`` -- sans-IO: the :class:`Layout` of parts and chunks every member
-  computes, :class:`PartReducer` (held chunks, weights bounded by evidence and
-  by :func:`cap_shares`, exclusions, averages chunk by chunk),
-  :class:`PartReceiver`, the results.
+  computes, the post-round exchange (who dials whom, what a member does with
+  the parts others lack), the results.
+* ``_parts`` -- sans-IO: one part's :class:`PartReducer` (held chunks, weights
+  bounded by evidence and by :func:`cap_shares`, exclusions, averages chunk
+  by chunk) and :class:`PartReceiver` (the averages arriving, checked).
 * ``_weights`` -- sans-IO: the weight caps every reducer applies
   (:func:`cap_to_median`, :func:`cap_shares`), which verifiers check.
 * ``_verify`` -- sans-IO: checking a reducer's result from its contributors'
@@ -38,6 +40,8 @@ Modules:
 """
 
 from ._messages import ALLREDUCE_PROTOCOL_ID as ALLREDUCE_PROTOCOL_ID
+from ._parts import PartReceiver as PartReceiver
+from ._parts import PartReducer as PartReducer
 from ._service import OUTLIER_FLAG as OUTLIER_FLAG
 from ._service import WEIGHT_FLAG as WEIGHT_FLAG
 from ._service import AllReduceService as AllReduceService
@@ -47,8 +51,6 @@ from ._service import WeightEvidence as WeightEvidence
 from ._state import AllReduceResult as AllReduceResult
 from ._state import Contribution as Contribution
 from ._state import Layout as Layout
-from ._state import PartReceiver as PartReceiver
-from ._state import PartReducer as PartReducer
 from ._state import PartResult as PartResult
 from ._state import default_fractions as default_fractions
 from ._weights import cap_shares as cap_shares

@@ -37,6 +37,7 @@ from ._messages import (
     Shown,
     SignedReport,
 )
+from ._parts import PartReceiver
 from ._session import (
     CHECK_FLAG,
     DONE_LINGER,
@@ -51,10 +52,7 @@ from ._session import (
     _restore,
     _Session,
 )
-from ._state import (
-    PartReceiver,
-    RejectError,
-)
+from ._state import RejectError
 from ._verify import NONCE_SIZE, Report, RoundVerifier, Verdict, sketch_plan, verifiable
 
 if TYPE_CHECKING:

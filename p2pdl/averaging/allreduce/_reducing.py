@@ -1,6 +1,6 @@
 """The reducer side of the all-reduce service (``_service``): a sender's
 stream, its commitment and weight bound, its values in, the averages out,
-timeouts and exclusions (the sans-IO logic is ``_state.PartReducer``).
+timeouts and exclusions (the sans-IO logic is ``_parts.PartReducer``).
 
 :class:`_ReducerSide` is a part of :class:`AllReduceService`, which holds
 the state its methods use.
@@ -32,6 +32,7 @@ from ._messages import (
     Begin,
     Done,
 )
+from ._parts import PartReducer, SenderState
 from ._session import (
     DONE_LINGER,
     LIVENESS_POLL,
@@ -39,11 +40,7 @@ from ._session import (
     WEIGHT_FLAG,
     _Session,
 )
-from ._state import (
-    PartReducer,
-    RejectError,
-    SenderState,
-)
+from ._state import RejectError
 from ._verify import verifiable
 
 if TYPE_CHECKING:

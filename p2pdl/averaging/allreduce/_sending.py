@@ -33,11 +33,11 @@ from ._messages import (
     Done,
     Reject,
 )
+from ._parts import PartReceiver
 from ._session import (
     _Rejected,
     _Session,
 )
-from ._state import PartReceiver
 from ._verify import verifiable
 
 if TYPE_CHECKING:

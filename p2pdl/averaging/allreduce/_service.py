@@ -62,6 +62,7 @@ from ._messages import (
     Have,
     Reject,
 )
+from ._parts import PartReceiver, PartReducer
 from ._reducing import _ReducerSide
 from ._sending import _SenderSide
 from ._session import (
@@ -87,8 +88,6 @@ from ._state import (
     AUXILIARY_NO_RESULT,
     AllReduceResult,
     Layout,
-    PartReceiver,
-    PartReducer,
     PartResult,
     RejectError,
     Settlement,

@@ -24,11 +24,8 @@ from ...service import Statistics
 from ...wire import FramedStream, Message, MessageSet, TensorChunk
 from .._balancing import round_time
 from ._evidence import ReducerEvidence
-from ._state import (
-    Layout,
-    PartReceiver,
-    PartReducer,
-)
+from ._parts import PartReceiver, PartReducer
+from ._state import Layout
 from ._verify import JointNonce, RoundVerifier, Verdict
 from .config import AllReduceConfig
 

@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 from p2pdl.averaging import CodecPolicy, Layout, PartReceiver, PartReducer, get_codec
 from p2pdl.averaging.allreduce._messages import Segment
+from p2pdl.averaging.allreduce._parts import SenderState
 from p2pdl.averaging.allreduce._state import (
     MIN_CAPPED_CONTRIBUTORS,
     RejectError,
-    SenderState,
     cap_shares,
 )
 from p2pdl.errors import RemoteProtocolError

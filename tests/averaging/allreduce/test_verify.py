@@ -377,9 +377,9 @@ def test_rules_without_a_check_are_unverifiable():
 def lying_reducer(monkeypatch, liar: int, shift: float) -> None:
     """Member ``liar`` adds ``shift`` to every value of its part's results (its
     own copy too), after averaging them honestly: what every member receives."""
-    from p2pdl.averaging.allreduce import _state
+    from p2pdl.averaging.allreduce import _parts
 
-    honest_finalize = _state.PartReducer.finalize
+    honest_finalize = _parts.PartReducer.finalize
 
     def finalize(self):
         done = honest_finalize(self)
@@ -392,7 +392,7 @@ def lying_reducer(monkeypatch, liar: int, shift: float) -> None:
                 self.payloads[k] = chunk.codec.encode(out)
         return done
 
-    monkeypatch.setattr(_state.PartReducer, "finalize", finalize)
+    monkeypatch.setattr(_parts.PartReducer, "finalize", finalize)
 
 
 async def test_a_lying_reducer_is_caught_by_every_member_and_its_part_dropped(monkeypatch):
