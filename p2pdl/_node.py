@@ -321,20 +321,22 @@ class TrioNode:
         endpoint) is preceded by the membership handshake on that connection,
         within ``timeout``.
         """
-        return await self._introduced_call(peer, protocol, request, timeout)
+        run_of = self._run_of.get(protocol.protocol_id)
+        return await self._introduced_call(peer, protocol, request, timeout,
+                                           run_id=run_of(request) if run_of else None)
 
     async def _introduce(self, peer: Any, run_id: str) -> None:
         await self._services["membership"].introduce(peer, run_id)
 
     async def _introduced_call(self, peer: PeerIDLike, protocol: RpcProtocol, request: Message,
-                               timeout: float | None = None) -> Message:
-        """The services' ``call``: a run-scoped request introduces this node first.
+                               timeout: float | None = None, *,
+                               run_id: str | None = None) -> Message:
+        """The services' ``call``: a request of run ``run_id`` (as the calling
+        service says) introduces this node first.
 
         A peer that refuses it ``not_admitted`` although it was introduced to
         (it may have restarted and forgotten us) is introduced to again, once.
         """
-        run_of = self._run_of.get(protocol.protocol_id)
-        run_id = run_of(request) if run_of is not None else None
         membership: MembershipService | None = self._services.get("membership")
         if run_id is None or membership is None:
             return await self._rpc.call(peer, protocol, request, timeout)

@@ -561,7 +561,10 @@ class DHTService:
             self._host.add_addrs(peer, contact.addrs)
         self._counters["queries"] += 1
         try:
-            response = await self._call(peer, DHT_PROTOCOL, request, self._config.query_timeout)
+            # A request about a run's key is that run's (the key decides it, as
+            # the receiver's gate does): this node introduces itself first.
+            response = await self._call(peer, DHT_PROTOCOL, request, self._config.query_timeout,
+                                        run_id=self._run_of_request(request))
         except P2PDLError as exc:
             self._counters["queries_failed"] += 1
             logger.debug("DHT query to %s failed: %s", peer, exc)

@@ -521,7 +521,7 @@ class ProgressTracker:
         request = self._gossip.push(self._own, want_reply)
         try:
             response = await self._deps.call(ID(peer), PROGRESS_PROTOCOL, request,
-                                             self.config.push_timeout)
+                                             self.config.push_timeout, run_id=self.run_id)
         except P2PDLError as exc:
             self._gossip.push_failed(peer, self._host.is_connected(ID(peer)),
                                      trio.current_time())

@@ -38,8 +38,19 @@ if TYPE_CHECKING:
 __all__ = ["Call", "Reachability", "ReachabilityView", "ServiceContext", "Service",
            "Statistics", "serve_nothing"]
 
-#: The node's RPC call: ``await call(peer, protocol, request, timeout) -> response``.
-Call = Callable[["PeerIDLike", "RpcProtocol", "Message", "float | None"], Awaitable["Message"]]
+class Call(Protocol):
+    """The node's RPC call for services: ``await call(peer, protocol, request,
+    timeout, run_id=...) -> response``.
+
+    ``run_id``: the run the request belongs to, as the calling service knows
+    it (None: no run's); the node introduces itself to ``peer`` for that run
+    first.  The run is decided once, by the service that makes the request,
+    never read back from the message on the way down.
+    """
+
+    def __call__(self, peer: PeerIDLike, protocol: RpcProtocol, request: Message,
+                 timeout: float | None = None, *, run_id: str | None = None
+                 ) -> Awaitable[Message]: ...
 
 
 class Reachability(enum.Enum):
@@ -73,7 +84,8 @@ class ServiceContext:
     run_id)`` before a service opens a run-scoped stream to ``peer`` that does
     not go through ``call`` (the all-reduce's, state sync's): it makes sure
     both sides have shown each other their membership on this connection (a
-    no-op where the run needs no proof).  ``call`` does it by itself.
+    no-op where the run needs no proof).  ``call`` does it by itself for
+    the run its caller names (``run_id=``).
     """
 
     host: Host

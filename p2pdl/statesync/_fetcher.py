@@ -323,7 +323,7 @@ class _FetcherSide:
                 self._count("manifest_requests")
                 try:
                     reply = await self._call(peer, STATESYNC_PROTOCOL, GetManifest(run_id),
-                                             self.config.request_timeout)
+                                             self.config.request_timeout, run_id=run_id)
                 except NodeClosedError:
                     raise
                 except P2PDLError as exc:
@@ -371,7 +371,7 @@ class _FetcherSide:
         try:
             reply = await self._call(donor, STATESYNC_PROTOCOL,
                                      GetChunk(run_id, plan.manifest.digest, index),
-                                     self.config.request_timeout)
+                                     self.config.request_timeout, run_id=run_id)
         except NodeClosedError:
             raise
         except RemoteProtocolError as exc:

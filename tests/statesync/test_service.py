@@ -292,12 +292,12 @@ async def test_an_interrupted_download_resumes():
         call = service._call
         let_through = [6]   # chunk requests answered before the rest hang
 
-        async def gated_call(peer, protocol, request, timeout=None):
+        async def gated_call(peer, protocol, request, timeout=None, *, run_id=None):
             if isinstance(request, GetChunk):
                 if let_through[0] <= 0:
                     await trio.sleep_forever()   # until the fetch is given up
                 let_through[0] -= 1
-            return await call(peer, protocol, request, timeout)
+            return await call(peer, protocol, request, timeout, run_id=run_id)
 
         service._call = gated_call
         with pytest.raises(CallTimeoutError):

@@ -520,7 +520,8 @@ class MatchmakingService:
         self._counters["joins_sent"] += 1
         logger.debug("matchmaking %s/%d: asking %s to join", round_.run_id, round_.epoch, leader)
         try:
-            reply = await self._call(leader, MATCHMAKING_PROTOCOL, request, wait)
+            reply = await self._call(leader, MATCHMAKING_PROTOCOL, request, wait,
+                                     run_id=round_.run_id)
         except P2PDLError as exc:
             self._counters["joins_failed"] += 1
             notes.append(f"{_short(leader)}: {type(exc).__name__}")
