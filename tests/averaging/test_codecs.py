@@ -12,11 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from p2pdl.averaging._codecs import (
+from p2pdl.averaging import (
     CODECS,
-    DEFAULT_BLOCK_SIZE,
-    FP16_MAX,
-    UINT8_LIMIT,
     CodecPolicy,
     Float16Codec,
     NoneCodec,
@@ -25,9 +22,11 @@ from p2pdl.averaging._codecs import (
     codec_from_header,
     get_codec,
 )
+from p2pdl.averaging._codecs import DEFAULT_BLOCK_SIZE, FP16_MAX, UINT8_LIMIT
 from p2pdl.averaging._norms import norm_upper
 from p2pdl.errors import ConfigError, LocalProtocolError, RemoteProtocolError
-from p2pdl.wire._tensor import TensorHeader, decode_tensor_frame, encode_tensor_frame
+from p2pdl.wire import TensorHeader
+from p2pdl.wire._tensor import decode_tensor_frame, encode_tensor_frame
 from p2pdl.wire.config import FRAME_HEADER_SIZE
 
 FLOATS = st.floats(width=32, allow_nan=False, allow_infinity=False)

@@ -22,7 +22,8 @@ from p2pdl.dht._messages import Store, WireItem
 from p2pdl.dht._validation import sign
 from p2pdl.net import parse_peer_id
 from p2pdl.testing import loopback_config, open_swarm_agents
-from p2pdl.wire._frames import FrameKind, frame_header
+from p2pdl.wire import FrameKind
+from p2pdl.wire._frames import frame_header
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 

@@ -13,9 +13,19 @@ from hypothesis import strategies as st
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
-from p2pdl.dht import DHTConfig, Item, RecordStore, Schema, Validator, owned_subkey, owner_of
-from p2pdl.dht._records import Record, merge
-from p2pdl.dht._validation import InvalidRecord, encode_value, sign
+from p2pdl.dht import (
+    DHTConfig,
+    InvalidRecord,
+    Item,
+    Record,
+    RecordStore,
+    Schema,
+    Validator,
+    owned_subkey,
+    owner_of,
+)
+from p2pdl.dht._records import merge
+from p2pdl.dht._validation import encode_value, sign
 from p2pdl.errors import ConfigError, LocalProtocolError
 from p2pdl.wire import Message
 

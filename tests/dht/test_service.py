@@ -27,8 +27,8 @@ from p2pdl.testing import (
     wait_for_dht,
     wait_until,
 )
-from p2pdl.wire import Message
-from p2pdl.wire._frames import FrameKind, frame_header
+from p2pdl.wire import FrameKind, Message
+from p2pdl.wire._frames import frame_header
 
 pytestmark = pytest.mark.timeout(90)
 

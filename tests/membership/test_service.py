@@ -246,7 +246,8 @@ async def test_a_newer_revocation_list_spreads_in_the_handshake(autojump_clock):
 
 async def test_bad_membership_messages_reset_their_stream_and_the_node_keeps_serving(
         autojump_clock):
-    from p2pdl.wire._frames import FrameKind, frame_header
+    from p2pdl.wire import FrameKind
+    from p2pdl.wire._frames import frame_header
 
     authority = Authority.generate()
     async with open_memory_nodes(3) as (server, attacker, honest):

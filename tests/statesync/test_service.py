@@ -24,13 +24,19 @@ from p2pdl.errors import (
     StateSyncError,
     StreamClosedError,
 )
-from p2pdl.statesync import STATESYNC_PROTOCOL_ID, StateDownload, StateSyncConfig
+from p2pdl.statesync import (
+    STATESYNC_PROTOCOL,
+    STATESYNC_PROTOCOL_ID,
+    StateDownload,
+    StateSyncConfig,
+)
 from p2pdl.statesync import _fetcher as ss_fetcher
-from p2pdl.statesync._messages import STATESYNC_PROTOCOL, GetChunk, GetManifest, Refused
+from p2pdl.statesync._messages import GetChunk, GetManifest, Refused
 from p2pdl.statesync._service import STATESYNC_COUNTERS
 from p2pdl.statesync.config import KiB, MiB
 from p2pdl.testing import loopback_config, task_names, wait_until
-from p2pdl.wire._frames import FrameKind, frame_header
+from p2pdl.wire import FrameKind
+from p2pdl.wire._frames import frame_header
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -349,7 +355,7 @@ async def test_busy_donors_are_retried_later(monkeypatch):
                                  busy_backoff=0.01)
     # Slow links: a chunk reply takes a moment to be written, so a fetcher's next
     # requests arrive while it is in flight (on loopback that is a race otherwise).
-    from p2pdl.wire._stream import FramedStream
+    from p2pdl.wire import FramedStream
 
     write = FramedStream._write
 

@@ -14,31 +14,19 @@ from hypothesis import strategies as st
 
 from p2pdl.errors import ConfigError, RemoteProtocolError
 from p2pdl.service import check_run_id
-from p2pdl.statesync import StateSyncConfig
+from p2pdl.statesync import STATESYNC_PROTOCOL, Manifest, StateSyncConfig, vote_on_state
 from p2pdl.statesync._downloads import (
     MAX_BUSY_BACKOFF,
     ChunkPlan,
     Failure,
     PartialStore,
 )
-from p2pdl.statesync._messages import (
-    STATESYNC_PROTOCOL,
-    ChunkReply,
-    GetChunk,
-    ManifestReply,
-    Refused,
-)
+from p2pdl.statesync._messages import ChunkReply, GetChunk, ManifestReply, Refused
 from p2pdl.statesync._snapshots import (
     Snapshot,
     SnapshotTable,
 )
-from p2pdl.statesync._state import (
-    Exclusions,
-    Manifest,
-    choose_manifest,
-    chunk_count,
-    vote_on_state,
-)
+from p2pdl.statesync._state import Exclusions, choose_manifest, chunk_count
 from p2pdl.statesync.config import (
     DIGEST_SIZE,
     MAX_CHUNK_SIZE,

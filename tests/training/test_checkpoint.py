@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from p2pdl import CheckpointError
 from p2pdl.errors import ConfigError, P2PDLError
 from p2pdl.training import _checkpoint
 from p2pdl.training._checkpoint import (
     MAX_KEEP,
-    CheckpointError,
     CheckpointPolicy,
     latest_checkpoint,
     load_checkpoint,

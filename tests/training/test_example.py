@@ -11,17 +11,8 @@ import pytest
 import torch
 
 from p2pdl.errors import ConfigError
-from p2pdl.training._example import (
-    VOCAB_SIZE,
-    BatchStream,
-    ExampleConfig,
-    ExampleTask,
-    TinyTransformerLM,
-    count_parameters,
-    decode,
-    encode,
-    load_corpus,
-)
+from p2pdl.training import ExampleConfig, ExampleTask, TinyTransformerLM, count_parameters
+from p2pdl.training._example import VOCAB_SIZE, BatchStream, decode, encode, load_corpus
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -248,8 +248,8 @@ async def test_server_closes_a_stream_that_asks_nothing():
 async def test_a_violation_after_a_valid_request_is_one_quiet_line(caplog):
     import logging
 
-    from p2pdl.wire._frames import FrameKind, frame_header
-    from p2pdl.wire._messages import encode_message
+    from p2pdl.wire import FrameKind, encode_message
+    from p2pdl.wire._frames import frame_header
 
     config = NodeConfig(nat=ReachabilityConfig(enabled=False))
     async with open_nodes(2, config) as (a, b):

@@ -11,7 +11,7 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
 from p2pdl.averaging import AllReduceConfig, CodecPolicy, Layout, PartReducer
-from p2pdl.averaging.allreduce import _evidence, _service, _verify
+from p2pdl.averaging.allreduce import ALLREDUCE_PROTOCOL_ID, _evidence, _service, _verify
 from p2pdl.averaging.allreduce._evidence import (
     chunk_digest,
     commitment_payload,
@@ -20,12 +20,7 @@ from p2pdl.averaging.allreduce._evidence import (
     signed_by,
     unpack_report,
 )
-from p2pdl.averaging.allreduce._messages import (
-    ALLREDUCE_PROTOCOL_ID,
-    REDUCER_MESSAGES,
-    Begin,
-    Reject,
-)
+from p2pdl.averaging.allreduce._messages import REDUCER_MESSAGES, Begin, Reject
 from p2pdl.averaging.allreduce._state import RejectError
 from p2pdl.averaging.allreduce._verify import REPORT_TOLERANCE, SKETCH_BUCKETS, Report, deviates
 from p2pdl.errors import RemoteProtocolError

@@ -10,14 +10,10 @@ import torch
 import trio
 
 from p2pdl.averaging import ALLREDUCE_PROTOCOL_ID, AllReduceConfig, CodecPolicy
+from p2pdl.averaging.allreduce import Layout, default_fractions
 from p2pdl.averaging.allreduce._messages import HAVE_MESSAGES, Have, Reject
 from p2pdl.averaging.allreduce._service import HAVE_GRACE
-from p2pdl.averaging.allreduce._state import (
-    Layout,
-    default_fractions,
-    exchange_roles,
-    settle_parts,
-)
+from p2pdl.averaging.allreduce._state import exchange_roles, settle_parts
 from p2pdl.errors import P2PDLError
 from p2pdl.testing import open_memory_nodes, open_memory_swarm
 

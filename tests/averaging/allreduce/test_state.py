@@ -8,13 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from p2pdl.averaging import CodecPolicy, Layout, PartReceiver, PartReducer, get_codec
+from p2pdl.averaging.allreduce import cap_shares
 from p2pdl.averaging.allreduce._messages import Segment
 from p2pdl.averaging.allreduce._parts import SenderState
-from p2pdl.averaging.allreduce._state import (
-    MIN_CAPPED_CONTRIBUTORS,
-    RejectError,
-    cap_shares,
-)
+from p2pdl.averaging.allreduce._state import MIN_CAPPED_CONTRIBUTORS, RejectError
 from p2pdl.errors import RemoteProtocolError
 
 EXACT = CodecPolicy(large="none")

@@ -32,7 +32,8 @@ from p2pdl.errors import (
 )
 from p2pdl.nat import ReachabilityConfig
 from p2pdl.testing import open_memory_nodes, open_memory_swarm, open_nodes, wait_for_dht
-from p2pdl.wire._frames import FrameKind, frame_header
+from p2pdl.wire import FrameKind
+from p2pdl.wire._frames import frame_header
 
 pytestmark = pytest.mark.timeout(90)
 

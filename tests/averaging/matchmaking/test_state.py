@@ -24,11 +24,11 @@ from p2pdl.averaging import (
     order_key,
     plan_groups,
 )
+from p2pdl.averaging.matchmaking import Group, plan_fractions
 from p2pdl.averaging.matchmaking._state import (
     ACCEPTED,
     FRACTION_TOLERANCE,
     HOLD,
-    Group,
     Phase,
     Refusal,
     check_capacity,
@@ -39,7 +39,6 @@ from p2pdl.averaging.matchmaking._state import (
     late_members,
     make_group,
     member_capacities,
-    plan_fractions,
 )
 from p2pdl.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 
