@@ -83,8 +83,8 @@ ServiceBuilder = Callable[[ServiceContext, NodeConfig, dict[str, Any]], Service]
 
 #: The node's protocol services, in the order they are built and started: a
 #: name (the node's attribute) and how to build the service from the context,
-#: the node's config and the services built before it.  A new protocol is one
-#: line here.
+#: the node's config and the services built before it (docs/architecture.md,
+#: "How to add a protocol", says what else a new protocol touches).
 SERVICES: tuple[tuple[str, ServiceBuilder], ...] = (
     ("nat", lambda ctx, cfg, s: NatService(ctx, cfg.nat)),
     ("dht", lambda ctx, cfg, s: DHTService(ctx, cfg.dht, reachability=s["nat"],
