@@ -57,15 +57,13 @@ from ._state import (
     HOLD,
     Group,
     GroupMemberInfo,
+    LeaderSearch,
     MatchmakingRound,
     Refusal,
     check_capacity,
     check_run,
-    expected_members,
     group_from_formed,
     late_members,
-    next_leader,
-    plan_groups,
 )
 from .config import (
     AGGREGATION_DIGEST_SIZE,
@@ -368,50 +366,35 @@ class MatchmakingService:
         await trio.sleep(params.gather_time)
         view = await self._fetch_view(name, me, round_.run_id)
         logger.debug("matchmaking %s: view of %d peers", name, len(view))
-        fetches = 1
-        excluded: set[ID] = set()
-        closed: set[ID] = set()
-        attempts = 0
+        search = LeaderSearch(round_.run_id, round_.epoch, me, params.target_group_size, view,
+                              max_join_attempts=self._config.max_join_attempts,
+                              max_view_fetches=self._config.max_view_fetches)
         while True:
-            plan = plan_groups(round_.run_id, round_.epoch, view.values(),
-                               params.target_group_size)
-            choice = next_leader(plan, me, excluded, closed)
-            if choice is None or (choice != me.peer_id
-                                  and attempts >= self._config.max_join_attempts):
-                grown = False
-                while choice is None and not grown and fetches < self._config.max_view_fetches:
-                    # Nobody left to ask: perhaps peers announced since we looked.
-                    await trio.sleep(params.gather_time)
-                    fresh = await self._fetch_view(name, me, round_.run_id)
-                    fetches += 1
-                    grown = bool(fresh.keys() - view.keys())
-                    view.update(fresh)
-                if grown:
-                    continue
-                notes.append("no leader left to ask" if choice is None
-                             else f"{attempts} join attempts made")
+            step = search.next()
+            if step.action == "give_up":
+                notes.append(step.note)
                 return None
-            if choice == me.peer_id:
-                expected = expected_members(plan, me.peer_id, excluded, closed)
-                group = await self._lead(session, expected, params, deadline, notes,
-                                         recheck=(name, set(view)))
+            if step.action == "fetch":
+                # Nobody left to ask: perhaps peers announced since we looked.
+                await trio.sleep(params.gather_time)
+                search.fetched(await self._fetch_view(name, me, round_.run_id))
+                continue
+            if step.action == "lead":
+                group = await self._lead(session, step.expected, params, deadline, notes,
+                                         recheck=(name, set(search.view)))
                 if group is not None:
                     return group
-                excluded.add(me.peer_id)
+                search.led_nothing()
                 continue
+            assert step.leader is not None
             round_.follow()
             session.notify()
-            attempts += 1
-            result = await self._join(round_, choice, params, deadline, notes)
+            result = await self._join(round_, step.leader, params, deadline, notes)
             if isinstance(result, Group):
                 round_.finish(result)
                 session.notify()
                 return result
-            excluded.add(choice)
-            if result in ("full", "finalized"):
-                planned = plan.group_of(choice)
-                if planned is not None:
-                    closed.add(planned.leader)
+            search.join_failed(step.leader, result)
 
     async def _fetch_view(self, name: str, me: GroupMemberInfo, run_id: str
                           ) -> dict[ID, GroupMemberInfo]:

@@ -27,6 +27,8 @@ Rules:
   failed), then those of the other groups that are not closed, and last
   the first non-client peer in order that has not refused it (possibly
   itself: a group of leftovers).
+* :class:`LeaderSearch` drives that choice through a round: whom to ask
+  next, when to lead, when to read the view again, when to give up.
 * A leader's **load plan** (:func:`plan_fractions`): when it finalizes, the
   leader solves the load-balancing program of ``_balancing`` once over its
   members' capacities (client mode, auxiliary, bandwidth, reduce rate) and
@@ -55,9 +57,10 @@ from .config import MAX_EPOCH, MAX_PEER_ID_SIZE, MAX_RATE, MIN_RATE
 
 __all__ = ["ORDER_DOMAIN", "GROUP_ID_DOMAIN", "FRACTION_TOLERANCE", "GroupMemberInfo", "Group",
            "PlannedGroup", "Plan", "order_key", "compute_group_id", "plan_groups",
-           "next_leader", "expected_members", "late_members", "member_capacities", "plan_fractions",
-           "LeaderState", "MatchmakingRound", "Phase", "Refusal", "HOLD", "ACCEPTED",
-           "group_from_formed", "check_run", "check_capacity", "check_fractions"]
+           "next_leader", "expected_members", "late_members", "member_capacities",
+           "plan_fractions", "LeaderState", "LeaderSearch", "Step", "MatchmakingRound",
+           "Phase", "Refusal", "HOLD", "ACCEPTED", "group_from_formed", "check_run",
+           "check_capacity", "check_fractions"]
 
 logger = logging.getLogger(__name__)
 
@@ -686,6 +689,89 @@ def group_from_formed(run_id: str, epoch: int, leader: ID, me: GroupMemberInfo,
     if compute_group_id(run_id, epoch, members, plan) != group_id:
         raise bad("the group id does not match the members and fractions")
     return Group(group_id, run_id, epoch, tuple(members), plan)
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """What a peer does next in a round (:meth:`LeaderSearch.next`).
+
+    ``action``: ``"lead"`` (lead, expecting ``expected``: its planned
+    members, None for leftovers), ``"join"`` (ask ``leader``), ``"fetch"``
+    (read the round's DHT key again: nobody is left to ask in this view) or
+    ``"give_up"`` (``note`` says why).
+    """
+
+    action: str
+    leader: ID | None = None
+    expected: frozenset[ID] | None = None
+    note: str = ""
+
+
+class LeaderSearch:
+    """Whom a peer asks to join, one after another, in one round (sans-IO).
+
+    From the view (the peers announced under the round's key, all averaging
+    members), the plan (:func:`plan_groups`) says whom to join or whether to
+    lead (:func:`next_leader`).  A leader that refused (full, finalized) or
+    failed is excluded, and the leader of a planned group that is full or
+    finalized is closed; a peer that led and formed no group excludes itself
+    and asks the others.  After ``max_join_attempts`` joins it gives up; with
+    nobody left to ask it reads the view again, at most ``max_view_fetches``
+    views in all, and re-plans when it grew.  The service does the I/O
+    (announce, read, lead, join) and tells the search what came of it.
+    """
+
+    def __init__(self, run_id: str, epoch: int, me: GroupMemberInfo, target_group_size: int,
+                 view: dict[ID, GroupMemberInfo], *, max_join_attempts: int,
+                 max_view_fetches: int) -> None:
+        self.run_id = run_id
+        self.epoch = epoch
+        self.me = me
+        self.target_group_size = target_group_size
+        self.view = dict(view)
+        self.max_join_attempts = max_join_attempts
+        self.max_view_fetches = max_view_fetches
+        #: views read so far (the first one included), joins asked
+        self.fetches = 1
+        self.attempts = 0
+        self.excluded: set[ID] = set()
+        self.closed: set[ID] = set()
+        self._plan: Plan | None = None
+
+    def next(self) -> Step:
+        """The next step, from the view and what came of the steps before."""
+        plan = self._plan = plan_groups(self.run_id, self.epoch, self.view.values(),
+                                        self.target_group_size)
+        me = self.me.peer_id
+        choice = next_leader(plan, self.me, self.excluded, self.closed)
+        if choice is None:
+            if self.fetches < self.max_view_fetches:
+                return Step("fetch")
+            return Step("give_up", note="no leader left to ask")
+        if choice == me:
+            return Step("lead", expected=expected_members(plan, me, self.excluded, self.closed))
+        if self.attempts >= self.max_join_attempts:
+            return Step("give_up", note=f"{self.attempts} join attempts made")
+        self.attempts += 1
+        return Step("join", leader=choice)
+
+    def fetched(self, view: dict[ID, GroupMemberInfo]) -> None:
+        """The view was read again (after a ``"fetch"`` step)."""
+        self.fetches += 1
+        self.view.update(view)
+
+    def led_nothing(self) -> None:
+        """Leading formed no group: ask the others."""
+        self.excluded.add(self.me.peer_id)
+
+    def join_failed(self, leader: ID, outcome: str) -> None:
+        """Asking ``leader`` formed no group (``outcome``: ``"full"`` and
+        ``"finalized"`` close its planned group too)."""
+        self.excluded.add(leader)
+        if outcome in ("full", "finalized") and self._plan is not None:
+            planned = self._plan.group_of(leader)
+            if planned is not None:
+                self.closed.add(planned.leader)
 
 
 def _valid_peer_id(raw: bytes) -> bool:
