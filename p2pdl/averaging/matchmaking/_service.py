@@ -60,6 +60,7 @@ from ._state import (
     LeaderSearch,
     MatchmakingRound,
     Refusal,
+    UnresponsivePeers,
     check_capacity,
     check_run,
     group_from_formed,
@@ -213,9 +214,7 @@ class MatchmakingService:
         self._recent: collections.OrderedDict[tuple[str, int], str] = collections.OrderedDict()
         self._held = 0
         self._counters: collections.Counter[str] = collections.Counter()
-        # (peer, run) -> until when its entries are left out without a new wait
-        self._unresponsive: collections.OrderedDict[tuple[ID, str], float] = (
-            collections.OrderedDict())
+        self._unresponsive = UnresponsivePeers(UNRESPONSIVE_TTL, MAX_UNRESPONSIVE)
 
     @property
     def config(self) -> MatchmakingConfig:
@@ -415,10 +414,8 @@ class MatchmakingService:
         UNRESPONSIVE_TTL without a new wait (an outsider announced under the
         run's key that answers slowly delays one fetch, not every round)."""
         now = trio.current_time()
-        for key in [k for k, until in self._unresponsive.items() if until <= now]:
-            del self._unresponsive[key]
         unknown = [p for p in view if p != me and not self._averages(p, run_id)]
-        asked = [p for p in unknown if (p, run_id) not in self._unresponsive]
+        asked = self._unresponsive.to_ask(unknown, run_id, now)
         if asked:
             with trio.move_on_after(INTRODUCE_WAIT):
                 async with trio.open_nursery() as nursery:
@@ -430,10 +427,7 @@ class MatchmakingService:
             del view[peer]
             self._counters["non_members_ignored"] += 1
             if peer in asked:
-                self._unresponsive[(peer, run_id)] = now + UNRESPONSIVE_TTL
-                self._unresponsive.move_to_end((peer, run_id))
-        while len(self._unresponsive) > MAX_UNRESPONSIVE:
-            self._unresponsive.popitem(last=False)
+                self._unresponsive.left_out(peer, run_id, now)
         return view
 
     async def _lead(self, session: _Session, expected: frozenset[ID] | None, params: _Params,

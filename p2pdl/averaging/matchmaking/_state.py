@@ -29,6 +29,8 @@ Rules:
   itself: a group of leftovers).
 * :class:`LeaderSearch` drives that choice through a round: whom to ask
   next, when to lead, when to read the view again, when to give up.
+* :class:`UnresponsivePeers`: the peers left out of a run's views for a
+  while because they showed no membership in time.
 * A leader's **load plan** (:func:`plan_fractions`): when it finalizes, the
   leader solves the load-balancing program of ``_balancing`` once over its
   members' capacities (client mode, auxiliary, bandwidth, reduce rate) and
@@ -38,6 +40,7 @@ Rules:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
 import hashlib
@@ -58,7 +61,8 @@ from .config import MAX_EPOCH, MAX_PEER_ID_SIZE, MAX_RATE, MIN_RATE
 __all__ = ["ORDER_DOMAIN", "GROUP_ID_DOMAIN", "FRACTION_TOLERANCE", "GroupMemberInfo", "Group",
            "PlannedGroup", "Plan", "order_key", "compute_group_id", "plan_groups",
            "next_leader", "expected_members", "late_members", "member_capacities",
-           "plan_fractions", "LeaderState", "LeaderSearch", "Step", "MatchmakingRound",
+           "plan_fractions", "LeaderState", "LeaderSearch", "Step", "UnresponsivePeers",
+           "MatchmakingRound",
            "Phase", "Refusal", "HOLD", "ACCEPTED", "group_from_formed", "check_run",
            "check_capacity", "check_fractions"]
 
@@ -772,6 +776,42 @@ class LeaderSearch:
             planned = self._plan.group_of(leader)
             if planned is not None:
                 self.closed.add(planned.leader)
+
+
+class UnresponsivePeers:
+    """Peers left out of a run's views because they showed no membership in
+    time (sans-IO; ``now``: any monotonic clock).
+
+    In a run that checks membership, the entries of peers not yet known as
+    averaging members are introduced to before anyone plans with them; one
+    that did not answer in time is left out of that run's views for ``ttl``
+    seconds without a new wait (an outsider announced under the run's key
+    that answers slowly delays one view, not every round).  At most
+    ``limit`` are remembered, the oldest forgotten first.
+    """
+
+    def __init__(self, ttl: float, limit: int) -> None:
+        self.ttl = ttl
+        self.limit = limit
+        self._until: collections.OrderedDict[tuple[ID, str], float] = (
+            collections.OrderedDict())
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def to_ask(self, unknown: Iterable[ID], run_id: str, now: float) -> list[ID]:
+        """Of the peers of ``run_id`` not known as members, those worth an
+        introduction now (not left out lately)."""
+        for key in [k for k, until in self._until.items() if until <= now]:
+            del self._until[key]
+        return [p for p in unknown if (p, run_id) not in self._until]
+
+    def left_out(self, peer: ID, run_id: str, now: float) -> None:
+        """``peer`` was asked and showed no membership of ``run_id`` in time."""
+        self._until[(peer, run_id)] = now + self.ttl
+        self._until.move_to_end((peer, run_id))
+        while len(self._until) > self.limit:
+            self._until.popitem(last=False)
 
 
 def _valid_peer_id(raw: bytes) -> bool:

@@ -1,5 +1,6 @@
-"""p2pdl.averaging.matchmaking LeaderSearch: whom a peer asks, one after another, in a round
-(sans-IO)."""
+"""p2pdl.averaging.matchmaking: whom a peer asks, one after another, in a round
+(LeaderSearch), and the peers left out of a run's views for showing no membership in
+time (UnresponsivePeers); sans-IO."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from libp2p.peer.id import ID
 from p2pdl.averaging.matchmaking._state import (
     GroupMemberInfo,
     LeaderSearch,
+    UnresponsivePeers,
     next_leader,
     plan_groups,
 )
@@ -99,3 +101,17 @@ def test_a_view_that_grew_is_planned_again():
     expected = next_leader(plan_groups(RUN, EPOCH, PEERS, 3), alone, {alone.peer_id})
     step = s.next()
     assert step.action == "join" and step.leader == expected
+
+
+def test_a_peer_that_showed_no_membership_is_left_out_without_a_new_wait_for_a_while():
+    a, b, c = (p.peer_id for p in PEERS[:3])
+    left = UnresponsivePeers(ttl=60.0, limit=2)
+    assert left.to_ask([a, b], "run", now=0.0) == [a, b]
+    left.left_out(a, "run", now=0.0)
+    assert left.to_ask([a, b], "run", now=59.0) == [b]     # a: no new wait
+    assert left.to_ask([a], "other", now=59.0) == [a]      # another run asks again
+    assert left.to_ask([a, b], "run", now=60.0) == [a, b]  # its time is over
+    # bounded: the oldest is forgotten first
+    for i, peer in enumerate((a, b, c)):
+        left.left_out(peer, "run", now=100.0 + i)
+    assert len(left) == 2 and left.to_ask([a, b, c], "run", now=103.0) == [a]
