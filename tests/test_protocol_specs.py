@@ -377,8 +377,14 @@ def test_allreduce_definitions_match_the_code():
         assert number(rows[name]) == getattr(ar_session, name), name
     from p2pdl.averaging.allreduce import _accusations as ar_accusations
     from p2pdl.averaging.allreduce import _accusing as ar_accusing
-    for name in ("MAX_ACCUSATIONS", "MAX_CHECKED_ACCUSATIONS", "MAX_WATCHED_RUNS"):
+    for name in ("MAX_ACCUSATIONS", "MAX_CHECKED_ACCUSATIONS", "MAX_WATCHED_RUNS",
+                 "MAX_FETCH_TRIES"):
         assert number(rows[name]) == getattr(ar_accusations, name), name
+    for name in ("COMMITTED_DIGEST_SIZE", "PROOF_DIGEST_SIZE", "MAX_LAYOUT_PREIMAGE"):
+        assert number(rows[name]) == getattr(ar_messages, name), name
+    from p2pdl.averaging.allreduce import _proofs as ar_proofs
+    for name in ("MAX_KEPT_PROOFS", "MAX_KEPT_PROOF_BYTES", "MAX_PROOF_VALUES"):
+        assert number(rows[name]) == getattr(ar_proofs, name), name
     assert number(rows["ACCUSATION_TTL"]) == ar_accusing.ACCUSATION_TTL
     assert rows["ACCUSATIONS_PREFIX"].strip("`") == ar_accusations.ACCUSATIONS_PREFIX
     defaults = AllReduceConfig()
@@ -410,7 +416,8 @@ def test_allreduce_messages_codes_and_layout_match_the_code():
                     ar_messages.Joint, ar_messages.Check,
                     ar_messages.PartCheck, ar_messages.Dispute, ar_messages.SignedReport,
                     ar_messages.Proof, ar_messages.Shown, ar_accusations.Equivocation,
-                    ar_accusations.Accusations):
+                    ar_accusations.Accusations, ar_messages.Committed, ar_messages.FetchProof,
+                    ar_messages.ProvenDispute, ar_accusations.DisputeClaim):
         assert f"`{message.TAG}`" in messages, message.TAG
         for field in dataclasses.fields(message):
             assert f"| `{field.name}` |" in messages, (message.TAG, field.name)
@@ -440,9 +447,9 @@ def test_allreduce_messages_codes_and_layout_match_the_code():
     # The aggregation digest matchmaking compares, in the spec's domain.
     config = AllReduceConfig(aggregator=clip)
     share, ratio = config.caps
-    assert '"p2pdl/aggregator/3"' in text
+    assert '"p2pdl/aggregator/4"' in text
     assert config.aggregation_digest() == hashlib.sha256(msgpack.packb(
-        ["p2pdl/aggregator/3", clip.describe(), ["caps", share, ratio]])).digest()
+        ["p2pdl/aggregator/4", clip.describe(), ["caps", share, ratio]])).digest()
     for rule in ('["centered_clip", tau, iterations, tolerance]', '["trimmed_mean", trim]',
                  '["median"]'):
         assert rule in text

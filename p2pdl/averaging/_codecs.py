@@ -164,10 +164,13 @@ class Codec:
     not the hot path), ``max_abs_error(t)`` its maximum and
     ``error_norm(t)`` its Euclidean norm, or a bound of it within a small
     factor (cheap: verification reads it per chunk; ``upper``, where the
-    caller has it, is ``norm_upper(t)``).
+    caller has it, is ``norm_upper(t)``).  ``reencodes``: whether
+    ``encode(decode(payload))`` gives ``payload`` back byte for byte (so a
+    receiver need not keep a payload to show it again).
     """
 
     name: ClassVar[str]
+    reencodes: ClassVar[bool] = True
 
     def encoded_size(self, numel: int) -> int:
         raise NotImplementedError
@@ -303,6 +306,7 @@ class Uint8Codec(Codec):
     """8-bit blockwise quantization with a float32 minimum and scale per block."""
 
     name: ClassVar[str] = "uint8"
+    reencodes: ClassVar[bool] = False   # a block's range, decoded, may round otherwise
     block_size: int = DEFAULT_BLOCK_SIZE
 
     def __post_init__(self) -> None:

@@ -25,8 +25,13 @@ Modules:
   senders' signed commitments, signed reports, the reducers' signed
   results, and what a reducer keeps and shows (:class:`ReducerEvidence`).
 * ``_accusations`` -- sans-IO: proofs that travel (a reducer's two signed
-  results of one part: :class:`Equivocation`), the record members publish
-  in certificate runs and :class:`AccusationBoard`.
+  results of one part: :class:`Equivocation`; claims of disputes' proofs:
+  :class:`DisputeClaim`), the record members publish in certificate runs
+  and :class:`AccusationBoard`.
+* ``_proofs`` -- sans-IO: a dispute's proof as anyone can judge it (every
+  signature and binding checked, then the verdict reached again from the
+  committed chunks: :func:`check_header`, :func:`judge`), and the proofs a
+  node keeps to serve (:class:`KeptProofs`).
 * ``_service`` -- :class:`AllReduceService`: the streams of a butterfly
   all-reduce, sending, reducing and receiving at once; each sender's weight
   bounded by what its progress reports support (``weight_evidence``), the
@@ -35,7 +40,7 @@ Modules:
   commitments), ``_reducing`` (a reducer's streams), ``_exchange`` (the
   post-round exchange: haves, secrets, joint nonces, reports),
   ``_disputes`` (verification and disputes) and ``_accusing`` (publishing
-  and reading accusations); and
+  and reading accusations, fetching and serving disputes' proofs); and
   ``_session``, what one call is while it runs, its statistics and flags.
 """
 

@@ -29,9 +29,11 @@ from libp2p.peer.id import ID
 from ...wire import MaxLen, Message, Range
 from ..matchmaking.config import GROUP_ID_SIZE, MAX_GROUP_SIZE, MAX_PEER_ID_SIZE
 from ._evidence import SIGNATURE_SIZE, result_payload, signed_by
+from ._messages import PROOF_DIGEST_SIZE
 
 __all__ = ["ACCUSATIONS_PREFIX", "MAX_ACCUSATIONS", "MAX_CHECKED_ACCUSATIONS",
-           "MAX_WATCHED_RUNS", "Equivocation", "Accusations", "AccusationBoard",
+           "MAX_WATCHED_RUNS", "MAX_FETCH_TRIES", "Equivocation", "DisputeClaim", "Accusations",
+           "AccusationBoard",
            "equivocation_problem", "find_equivocations"]
 
 #: DHT key prefix of a run's accusations: ``p2pdl/accusations/<run id>``.
@@ -42,6 +44,8 @@ MAX_ACCUSATIONS = 16
 MAX_CHECKED_ACCUSATIONS = 4096
 #: Runs a node reads the accusations of (those of its most recent groups).
 MAX_WATCHED_RUNS = 16
+#: Times a node tries to fetch one published dispute proof before it gives up.
+MAX_FETCH_TRIES = 3
 _DIGEST_SIZE = 32
 
 
@@ -62,11 +66,23 @@ class Equivocation(Message, tag="ar.equivocation"):
         return self.group_id, self.part, self.reducer
 
 
+class DisputeClaim(Message, tag="ar.dispute_claim"):
+    """A dispute's proof its publisher keeps and serves (``ar.fetch_proof``):
+    the group, the part and the proof's digest (``_proofs.proof_digest``)."""
+
+    group_id: Annotated[bytes, MaxLen(GROUP_ID_SIZE)]
+    part: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
+    digest: Annotated[bytes, MaxLen(PROOF_DIGEST_SIZE)]
+
+
 class Accusations(Message, tag="ar.accusations"):
     """One member's published proofs in one run (the value of its subkey of
-    ``p2pdl/accusations/<run id>``)."""
+    ``p2pdl/accusations/<run id>``): equivocations, which check themselves,
+    and claims of disputes' proofs, fetched from the member (nil from
+    members before r14)."""
 
     equivocations: Annotated[list[Equivocation], MaxLen(MAX_ACCUSATIONS)]
+    disputes: Annotated[list[DisputeClaim], MaxLen(MAX_ACCUSATIONS)] | None = None
 
 
 def equivocation_problem(proof: Equivocation) -> str | None:
@@ -132,10 +148,12 @@ class AccusationBoard:
     def __init__(self) -> None:
         self._mine: dict[str, collections.OrderedDict[tuple[bytes, int, bytes],
                                                       Equivocation]] = {}
+        self._claims: dict[str, collections.OrderedDict[bytes, DisputeClaim]] = {}
+        self._tries: collections.OrderedDict[bytes, int] = collections.OrderedDict()
         self._pending: set[str] = set()
         self._watched: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._checked: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        self._proven: collections.OrderedDict[tuple[bytes, int, bytes], None] = \
+        self._proven: collections.OrderedDict[tuple[object, ...], None] = \
             collections.OrderedDict()
 
     def accuse(self, run_id: str, proof: Equivocation) -> bool:
@@ -150,9 +168,22 @@ class AccusationBoard:
         self.watch(run_id)
         return True
 
+    def claim(self, run_id: str, claim: DisputeClaim) -> bool:
+        """Publish ``claim`` in ``run_id`` (False: it is there already)."""
+        claims = self._claims.setdefault(run_id, collections.OrderedDict())
+        if claim.digest in claims:
+            return False
+        claims[claim.digest] = claim
+        while len(claims) > MAX_ACCUSATIONS:
+            claims.popitem(last=False)
+        self._pending.add(run_id)
+        self.watch(run_id)
+        return True
+
     def record(self, run_id: str) -> Accusations:
         """This node's record of ``run_id`` (what it stores under its subkey)."""
-        return Accusations(list(self._mine.get(run_id, {}).values()))
+        claims = list(self._claims.get(run_id, {}).values())
+        return Accusations(list(self._mine.get(run_id, {}).values()), claims or None)
 
     def pending(self) -> list[str]:
         return sorted(self._pending)
@@ -179,6 +210,46 @@ class AccusationBoard:
         while len(self._proven) > MAX_CHECKED_ACCUSATIONS:
             self._proven.popitem(last=False)
         return True
+
+    def first_lie(self, kind: str, group_id: bytes, part: int, peer: bytes) -> bool:
+        """Whether a dispute's proof of ``peer``'s lie of ``kind`` (in part
+        ``part`` of group ``group_id``; -1: in any part) is the first this
+        node has (as :meth:`first_proof`)."""
+        key = (kind, group_id, part, peer)
+        if key in self._proven:
+            self._proven.move_to_end(key)
+            return False
+        self._proven[key] = None
+        while len(self._proven) > MAX_CHECKED_ACCUSATIONS:
+            self._proven.popitem(last=False)
+        return True
+
+    def unfetched(self, owner: bytes, record: Accusations) -> list[DisputeClaim]:
+        """``owner``'s dispute claims not judged yet nor given up on (each
+        fetched MAX_FETCH_TRIES times at most: :meth:`fetched`)."""
+        fresh = []
+        for claim in record.disputes or ():
+            mark = hashlib.sha256(owner + claim.digest).digest()
+            if mark in self._checked:
+                self._checked.move_to_end(mark)
+                continue
+            fresh.append(claim)
+        return fresh
+
+    def fetched(self, owner: bytes, claim: DisputeClaim, *, judged: bool) -> None:
+        """A fetch of ``owner``'s ``claim`` ended: ``judged`` (its proof came
+        and was judged, or was false), or failed (tried again later, up to
+        MAX_FETCH_TRIES times in all)."""
+        mark = hashlib.sha256(owner + claim.digest).digest()
+        tries = self._tries.pop(mark, 0) + 1
+        if judged or tries >= MAX_FETCH_TRIES:
+            self._checked[mark] = None
+            while len(self._checked) > MAX_CHECKED_ACCUSATIONS:
+                self._checked.popitem(last=False)
+        else:
+            self._tries[mark] = tries
+            while len(self._tries) > MAX_CHECKED_ACCUSATIONS:
+                self._tries.popitem(last=False)
 
     def judge(self, owner: bytes, record: Accusations
               ) -> tuple[list[Equivocation], list[tuple[Equivocation, str]]]:

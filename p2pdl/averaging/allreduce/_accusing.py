@@ -1,7 +1,9 @@
 """Accusations that travel, in the all-reduce service (``_service``): the
-proofs of equivocation this node found, published in certificate runs, and
-the other members' proofs, read and checked (the sans-IO part is
-``_accusations``).
+proofs of equivocation and the claims of disputes' proofs this node found,
+published in certificate runs; the other members' proofs, read and checked,
+disputes' proofs fetched from their publishers and judged; this node's kept
+proofs served to the run's members (the sans-IO parts are ``_accusations``
+and ``_proofs``).
 
 :class:`_AccusationSide` is a part of :class:`AllReduceService`, which holds
 the state its methods use.
@@ -10,14 +12,33 @@ the state its methods use.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import trio
 from libp2p.peer.id import ID
 
 from ...dht import Schema, owner_of
-from ...errors import LocalProtocolError
-from ._accusations import ACCUSATIONS_PREFIX, Accusations, Equivocation
-from ._session import EQUIVOCATION_FLAG, FALSE_ACCUSATION_FLAG
+from ...errors import LocalProtocolError, P2PDLError, RemoteProtocolError
+from ...wire import FramedStream, TensorChunk, open_framed_stream
+from ._accusations import ACCUSATIONS_PREFIX, Accusations, DisputeClaim, Equivocation
+from ._messages import (
+    ALLREDUCE_PROTOCOL_ID,
+    FETCHED_MESSAGES,
+    FetchProof,
+    ProvenDispute,
+    Reject,
+)
+from ._proofs import Finding, KeptProof, ProofPlan, check_header, judge, proof_digest
+from ._session import (
+    DONE_LINGER,
+    EQUIVOCATION_FLAG,
+    FALSE_ACCUSATION_FLAG,
+    LIE_FLAG,
+    REDUCER_LIE_FLAG,
+    _receive_message,
+    _Rejected,
+)
+from ._state import RejectError
 
 __all__ = ["_AccusationSide", "ACCUSATION_TTL", "ACCUSATIONS_SCHEMA"]
 
@@ -54,6 +75,109 @@ class _AccusationSide:
         if self._shares_accusations(run_id) and self._board.accuse(run_id, proof):
             self._board_changed.set()
 
+    def _keep_proof(self, run_id: str, header: ProvenDispute, result: Sequence[bytes],
+                    own: Sequence[bytes], shown: Sequence[Sequence[bytes]]) -> None:
+        """Keep a dispute's proof to serve, and claim it in ``run_id``'s record."""
+        digest = self._proofs.add(KeptProof(run_id, header, tuple(result), tuple(own),
+                                            tuple(tuple(p) for p in shown)))
+        self._counters["proofs_kept"] += 1
+        if self._board.claim(run_id, DisputeClaim(header.dispute.group_id, header.part,
+                                                  digest)):
+            self._board_changed.set()
+
+    async def _serve_fetch(self, stream: FramedStream, request: FetchProof) -> None:
+        """A member of the run (the gate admitted it) fetches a kept proof:
+        its ``ar.proven_dispute``, then its chunks (result, own, shown)."""
+        kept = self._proofs.get(request.run_id, request.digest)
+        if kept is None:
+            raise RejectError("no_evidence", "no proof kept by that digest in that run")
+        header = kept.header
+        layout = check_header(header, kept.run_id).layout
+        chunks = layout.chunks[header.part]
+        self._counters["proofs_served"] += 1
+        with trio.move_on_after(self._config.reducer_timeout) as scope:
+            await stream.send_message(header)
+            for payloads in (kept.result, kept.own, *kept.shown):
+                for k, payload in enumerate(payloads):
+                    await stream.send_tensor_chunk(chunks[k].header(), payload)
+        if scope.cancelled_caught:
+            await stream.reset()
+            return
+        with trio.move_on_after(DONE_LINGER):
+            await stream.wait_peer_done()
+
+    async def _fetch_proof(self, run_id: str, owner: ID, claim: DisputeClaim) -> None:
+        """Fetch ``owner``'s proof of ``claim``, judge it and flag what it
+        proves, or its publisher when it is false.  P2PDLError (not
+        RemoteProtocolError) when it could not be fetched."""
+        now = self._clock()
+        try:
+            net_stream = await self._host.new_stream(owner, ALLREDUCE_PROTOCOL_ID,
+                                                     timeout=self._config.reducer_timeout)
+            async with open_framed_stream(net_stream, self._wire) as stream:
+                try:
+                    with trio.fail_after(self._config.reducer_timeout):
+                        finding, header, plan = await self._receive_fetched(stream, run_id,
+                                                                             claim)
+                except RemoteProtocolError:
+                    self._counters["protocol_errors"] += 1
+                    await stream.reset()
+                    raise
+        except RemoteProtocolError as exc:
+            self._counters["accusations_false"] += 1
+            self._flags.flag(owner, run_id, FALSE_ACCUSATION_FLAG, now,
+                             f"its published proof of a dispute is false: {exc}")
+            return
+        except trio.TooSlowError:
+            raise _Rejected("the proof did not come within reducer_timeout") from None
+        self._counters["proofs_fetched"] += 1
+        if not finding.proves:
+            self._counters["accusations_false"] += 1
+            self._flags.flag(owner, run_id, FALSE_ACCUSATION_FLAG, now,
+                             f"its published proof of a dispute proves nothing: "
+                             f"{finding.reason}")
+            return
+        self._counters["accusations_upheld"] += 1
+        group_id, part, me = header.dispute.group_id, header.part, self._host.peer_id
+        # One flag per lie: a reducer's per part, a contributor's per round.
+        lies = [(REDUCER_LIE_FLAG, part, part)] if finding.reducer_lied else []
+        lies += [(LIE_FLAG, j, -1) for j in sorted(finding.liars)]
+        for kind, j, where in lies:
+            accused = plan.members[j]
+            if accused != me and self._board.first_lie(kind, group_id, where,
+                                                       accused.to_bytes()):
+                self._counters["lies_proven"] += 1
+                self._flags.flag(accused, run_id, kind, now,
+                                 f"proven by the dispute {owner} published (group "
+                                 f"{group_id.hex()[:8]}, part {part}): {finding.reason}")
+
+    async def _receive_fetched(self, stream: FramedStream, run_id: str, claim: DisputeClaim
+                               ) -> tuple[Finding, ProvenDispute, ProofPlan]:
+        """Ask for ``claim``'s proof on ``stream`` and judge what comes."""
+        await stream.send_message(FetchProof(run_id, claim.digest))
+        header = await _receive_message(stream, FETCHED_MESSAGES, "ar.proven_dispute",
+                                        "publisher")
+        if isinstance(header, Reject):
+            raise _Rejected(f"refused: {header.code}")
+        assert isinstance(header, ProvenDispute)
+        if proof_digest(header) != claim.digest or header.part != claim.part \
+                or header.dispute.group_id != claim.group_id:
+            raise RemoteProtocolError("a proof other than the one its claim names")
+        plan = check_header(header, run_id)
+        chunks = plan.layout.chunks[header.part]
+        received: list[list[bytes]] = []
+        for count in (plan.result_chunks, plan.own_chunks, *plan.shown_chunks):
+            payloads = []
+            for k in range(count):
+                frame = await stream.receive(FETCHED_MESSAGES)
+                if not isinstance(frame, TensorChunk):
+                    raise RemoteProtocolError("a proof with fewer chunks than it announces")
+                chunks[k].check(frame.header)
+                payloads.append(bytes(frame.data))
+            received.append(payloads)
+        finding = judge(header, plan, received[0], received[1], received[2:])
+        return finding, header, plan
+
     async def _accusations_loop(self) -> None:
         """Publish what changed, then read every watched run, every
         ``accusation_interval`` seconds or when a proof was added."""
@@ -84,8 +208,10 @@ class _AccusationSide:
 
     async def read_accusations(self, run_id: str) -> int:
         """Read and check the members' published accusations of ``run_id``
-        now; returns how many proofs were new.  A true proof flags (and
-        bans) the reducer ``equivocation``; a false one flags its publisher
+        now; returns how many proofs were new.  A true proof of equivocation
+        flags (and bans) the reducer ``equivocation``; a dispute's proof,
+        fetched from its publisher, flags what it proves (``reducer_lie``,
+        ``report_lie``); a false one flags its publisher
         ``false_accusation``."""
         dht = self._dht
         if dht is None:
@@ -114,4 +240,15 @@ class _AccusationSide:
             self._counters["accusations_upheld"] += len(upheld)
             self._counters["accusations_false"] += len(false)
             checked += len(upheld) + len(false)
+            for claim in self._board.unfetched(owner.to_bytes(), record):
+                try:
+                    await self._fetch_proof(run_id, owner, claim)
+                except P2PDLError as exc:
+                    self._counters["proofs_unfetched"] += 1
+                    self._board.fetched(owner.to_bytes(), claim, judged=False)
+                    logger.info("run %s: the proof %s published was not fetched: %s", run_id,
+                                owner, exc)
+                    continue
+                self._board.fetched(owner.to_bytes(), claim, judged=True)
+                checked += 1
         return checked

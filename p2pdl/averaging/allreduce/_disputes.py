@@ -22,22 +22,30 @@ from ...wire import FramedStream, TensorChunk, open_framed_stream
 from ._accusations import Equivocation, find_equivocations
 from ._evidence import (
     ReducerEvidence,
+    answer_payload,
     chunk_digest,
+    chunks_digest,
     commitment_payload,
     decode_chunks,
+    members_digest,
+    reports_digest,
     signed_by,
     unpack_report,
 )
 from ._messages import (
     ALLREDUCE_PROTOCOL_ID,
     PROOF_MESSAGES,
+    Committed,
     Dispute,
+    Done,
     Proof,
+    ProvenDispute,
     Reject,
     Shown,
     SignedReport,
 )
 from ._parts import PartReceiver
+from ._proofs import check_header, judge
 from ._session import (
     CHECK_FLAG,
     DONE_LINGER,
@@ -87,6 +95,11 @@ class _DisputeSide:
                 results[r] = flat[slice(*layout.part_bounds[r])]
                 claims[r] = receiver.claims
                 digests[r] = receiver.digest
+                assert receiver.segments is not None
+                session.dones[r] = Done(list(receiver.segments),
+                                        None if receiver.taus is None else list(receiver.taus),
+                                        receiver.signature)
+                session.kept_results[r] = receiver.kept or {}
 
         me, encoded = session.me, session.encoded   # (not the session: no cycle through it)
 
@@ -174,6 +187,14 @@ class _DisputeSide:
         for _, (_, proof) in sorted(proofs.items()):
             self._counters["equivocations"] += 1
             self._accuse(group.run_id, proof)
+        for r, (outcome, lied, _) in sorted(session.disputes.items()):
+            # Found here: the same lies proven by others' published proofs flag nothing more.
+            if outcome == "reducer_lie":
+                self._board.first_lie(REDUCER_LIE_FLAG, group.group_id, r,
+                                      group.members[r].peer_id.to_bytes())
+            for liar in lied:   # once per round, whatever the parts
+                self._board.first_lie(LIE_FLAG, group.group_id, -1,
+                                      group.members[liar].peer_id.to_bytes())
         for liar in sorted(proven):   # once per round
             self._counters["report_lies"] += 1
             self._flags.flag(group.members[liar].peer_id, group.run_id, LIE_FLAG, now,
@@ -222,7 +243,8 @@ class _DisputeSide:
             async with open_framed_stream(net_stream, self._wire) as stream:
                 try:
                     await stream.send_message(dispute)
-                    shown = await self._receive_proof(stream, session, r)
+                    shown, answer, payloads = await self._receive_proof(stream, session, r,
+                                                                        dispute)
                 except RemoteProtocolError:
                     self._counters["protocol_errors"] += 1
                     await stream.reset()
@@ -238,13 +260,58 @@ class _DisputeSide:
         session.verdicts[r] = verdict
         session.disputes[r] = ("reducer_lie" if verdict.status == "failed" else "cleared",
                                liars, verdict.reason)
+        if (liars or verdict.status == "failed") and answer.signature is not None \
+                and self._shares_accusations(group.run_id):
+            self._publish_dispute(session, r, dispute, answer, payloads)
 
-    async def _receive_proof(self, stream: FramedStream, session: _Session, r: int
-                             ) -> dict[int, torch.Tensor]:
+    def _publish_dispute(self, session: _Session, r: int, dispute: Dispute, answer: Proof,
+                         shown: list[list[bytes]]) -> None:
+        """Keep the proof of a dispute that proved a lie, and claim it in the
+        run's accusations (certificate runs): checked here first exactly as a
+        judge will check it, so that only a proof that proves what this
+        member found travels."""
+        verifier = session.verifier
+        assert verifier is not None
+        group, layout = session.group, session.layout
+        result = verifier.results[r]
+        kept = session.kept_results.get(r, {})
+        result_payloads = []
+        for k, chunk in enumerate(layout.chunks[r]):
+            lo = chunk.start - chunk.part_start
+            result_payloads.append(kept[k] if k in kept else
+                                   bytes(chunk.codec.encode(result[lo:lo + chunk.count])))
+        own, own_payloads = None, []
+        held = {c.contributor: c.delivered for c in answer.committed or ()}
+        if session.me in held and r in session.commitments and r in session.encoded:
+            digests, signature = session.commitments[r]
+            delivered = held[session.me]
+            own = Shown(session.me, delivered, digests, signature)
+            own_payloads = [bytes(p) for p in session.encoded[r][:delivered]]
+        header = ProvenDispute(group.run_id, [m.peer_id.to_bytes() for m in group.members],
+                               layout.preimage, r, dispute, session.dones[r], own, answer)
+        try:
+            plan = check_header(header, group.run_id)
+            finding = judge(header, plan, result_payloads, own_payloads, shown)
+        except RemoteProtocolError as exc:
+            self._counters["proofs_unpublishable"] += 1
+            logger.info("all-reduce %s: the proof of part %d's dispute would not convince "
+                        "others (%s): the flags stay this member's", group.group_id.hex()[:8],
+                        r, exc)
+            return
+        if not finding.proves:
+            self._counters["proofs_unpublishable"] += 1
+            return
+        self._keep_proof(group.run_id, header, result_payloads, own_payloads, shown)
+
+    async def _receive_proof(self, stream: FramedStream, session: _Session, r: int,
+                             dispute: Dispute
+                             ) -> tuple[dict[int, torch.Tensor], Proof, list[list[bytes]]]:
         """The reducer's ``ar.proof`` and the chunks it shows, checked against
         their contributors' signed digests: contributor -> its values of part
-        ``r`` as the reducer decoded them.  RemoteProtocolError for anything
-        false."""
+        ``r`` as the reducer decoded them; the answer; each shown
+        contributor's payloads.  RemoteProtocolError for anything false (a
+        signed answer that is not the reducer's, or names other commitments
+        than it shows, included)."""
         verifier = session.verifier
         assert verifier is not None
         group, layout = session.group, session.layout
@@ -252,7 +319,21 @@ class _DisputeSide:
         if isinstance(proof, Reject):
             raise _Rejected(f"refused: {proof.code}")
         assert isinstance(proof, Proof)
+        if proof.signature is not None:
+            entries = [(c.contributor, c.delivered, c.chunks) for c in proof.committed or ()]
+            bound = {c: (n, d) for c, n, d in entries}
+            if not signed_by(group.members[r].peer_id, answer_payload(
+                    group.group_id, r,
+                    members_digest([m.peer_id.to_bytes() for m in group.members]),
+                    layout.digest, dispute.nonce, dispute.digest,
+                    reports_digest(dispute.reports), [s.contributor for s in proof.shown],
+                    entries), proof.signature) \
+                    or any(bound.get(s.contributor) != (s.delivered, chunks_digest(s.chunks))
+                           for s in proof.shown):
+                raise RemoteProtocolError("ar.proof: an answer the reducer did not sign as "
+                                          "it is")
         chunks = layout.chunks[r]
+        shown_payloads: list[list[bytes]] = []
         contributors = {j for claim in verifier.part_claims(r) for j in claim.contributors}
         out: dict[int, torch.Tensor] = {}
         for shown in proof.shown:
@@ -263,7 +344,7 @@ class _DisputeSide:
             if len(shown.chunks) != len(chunks) or shown.delivered > len(chunks):
                 raise RemoteProtocolError("ar.proof: a commitment of the wrong length")
             if not signed_by(group.members[j].peer_id,
-                             commitment_payload(group.group_id, r, j, shown.chunks),
+                             commitment_payload(group.group_id, r, j, layout.digest, shown.chunks),
                              shown.commitment):
                 raise RemoteProtocolError(f"ar.proof: a commitment member {j} did not sign")
             payloads = []
@@ -278,7 +359,8 @@ class _DisputeSide:
                                               f"one it committed to")
                 payloads.append(data)
             out[j] = decode_chunks(layout, r, payloads)
-        return out
+            shown_payloads.append(payloads)
+        return out, proof, shown_payloads
 
     async def _serve_dispute(self, stream: FramedStream, target: _Session | _Finished,
                              dispute: Dispute) -> None:
@@ -311,11 +393,17 @@ class _DisputeSide:
         plan = sketch_plan(group.group_id, me, dispute.nonce, evidence.result.numel())
         shown = evidence.disputed(j, plan, reports)
         self._counters["disputes_answered"] += 1
+        committed = evidence.committed_entries()
+        signature = self._key.sign(answer_payload(
+            group.group_id, me, members_digest([m.peer_id.to_bytes() for m in group.members]),
+            target.layout.digest, dispute.nonce, evidence.digest,
+            reports_digest(dispute.reports), shown, committed))
         # A verifier that stops reading holds this answer up for reducer_timeout at most.
         with trio.move_on_after(self._config.reducer_timeout) as scope:
-            await stream.send_message(Proof([
-                Shown(c, len(evidence.committed[c][2]), list(evidence.committed[c][0]),
-                      evidence.committed[c][1]) for c in shown]))
+            await stream.send_message(Proof(
+                [Shown(c, len(evidence.committed[c][2]), list(evidence.committed[c][0]),
+                       evidence.committed[c][1]) for c in shown],
+                [Committed(c, n, d) for c, n, d in committed], signature))
             chunks = target.layout.chunks[me]
             for c in shown:
                 for k, payload in enumerate(evidence.committed[c][2]):

@@ -32,6 +32,7 @@ turns a check.
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,7 @@ Layout = Any
 
 __all__ = ["CHUNK_DIGEST_SIZE", "SIGNATURE_SIZE", "MAX_COMMITTED_CHUNKS", "chunk_digest",
            "payload_hasher", "commitment_payload", "report_payload", "claims_bytes",
+           "chunks_digest", "members_digest", "reports_digest", "answer_payload",
            "result_payload", "signed_by", "pack_sketch", "unpack_report", "decode_chunks",
            "ReducerEvidence"]
 
@@ -66,7 +68,10 @@ SIGNATURE_SIZE = 64
 #: Most chunks one commitment covers (its digests must fit one message); a
 #: part of more chunks is sent uncommitted and is not verified.
 MAX_COMMITTED_CHUNKS = 16384
-_COMMIT_DOMAIN = "p2pdl/allreduce/commit/1"
+_COMMIT_DOMAIN = "p2pdl/allreduce/commit/2"
+_ANSWER_DOMAIN = "p2pdl/allreduce/answer/1"
+_MEMBERS_DOMAIN = "p2pdl/allreduce/members/1"
+_REPORTS_DOMAIN = "p2pdl/allreduce/reports/1"
 _REPORT_DOMAIN = "p2pdl/allreduce/report/1"
 _RESULT_DOMAIN = "p2pdl/allreduce/result/1"
 _CLAIMS_DOMAIN = "p2pdl/allreduce/claims/1"
@@ -84,11 +89,45 @@ def chunk_digest(payload: bytes | bytearray | memoryview) -> bytes:
     return blake3.blake3(payload).digest()
 
 
-def commitment_payload(group_id: bytes, part: int, sender: int, chunks: Sequence[bytes]
-                       ) -> bytes:
-    """What a sender signs to commit to its chunks of ``part``."""
-    return msgpack.packb([_COMMIT_DOMAIN, group_id, part, sender, list(chunks)],
+def commitment_payload(group_id: bytes, part: int, sender: int, layout: bytes,
+                       chunks: Sequence[bytes]) -> bytes:
+    """What a sender signs to commit to its chunks of ``part`` under the
+    layout of digest ``layout`` (which says how they decode)."""
+    return msgpack.packb([_COMMIT_DOMAIN, group_id, part, sender, layout, list(chunks)],
                          use_bin_type=True)
+
+
+def chunks_digest(chunks: Sequence[bytes]) -> bytes:
+    """SHA-256 of a commitment's chunk digests, concatenated in order."""
+    return hashlib.sha256(b"".join(chunks)).digest()
+
+
+def members_digest(peer_ids: Sequence[bytes]) -> bytes:
+    """SHA-256 of a group's member peer ids (binary), in group order."""
+    return hashlib.sha256(msgpack.packb([_MEMBERS_DOMAIN, list(peer_ids)],
+                                        use_bin_type=True)).digest()
+
+
+def reports_digest(reports: Sequence[Any]) -> bytes:
+    """SHA-256 of the signed reports of an ``ar.dispute``, in its order: each
+    one's contributor and every field of its part check."""
+    return hashlib.sha256(msgpack.packb([_REPORTS_DOMAIN, [
+        [int(r.contributor), int(r.report.part), r.report.digest, r.report.sketch,
+         [float(d) for d in r.report.distances], r.report.signature] for r in reports]],
+        use_bin_type=True)).digest()
+
+
+def answer_payload(group_id: bytes, part: int, members: bytes, layout: bytes, nonce: bytes,
+                   digest: bytes, reports: bytes, shown: Sequence[int],
+                   committed: Sequence[tuple[int, int, bytes]]) -> bytes:
+    """What a reducer signs with its answer to a dispute (``ar.proof``): the
+    group's :func:`members_digest`, the layout digest, the verifier's joint
+    nonce, the result digest, the dispute's :func:`reports_digest`, the
+    contributors it shows, and every committed contributor it holds as
+    ``(contributor, chunks delivered, chunks_digest)``."""
+    return msgpack.packb([_ANSWER_DOMAIN, group_id, part, members, layout, nonce, digest,
+                          reports, [int(c) for c in shown],
+                          [[int(c), int(n), d] for c, n, d in committed]], use_bin_type=True)
 
 
 def report_payload(group_id: bytes, part: int, contributor: int, nonce: bytes, digest: bytes,
@@ -183,6 +222,12 @@ class ReducerEvidence:
     def nbytes(self) -> int:
         """The payload bytes kept."""
         return sum(len(p) for _, _, payloads in self.committed.values() for p in payloads)
+
+    def committed_entries(self) -> list[tuple[int, int, bytes]]:
+        """Every committed contributor as an answer binds it: ``(contributor,
+        chunks delivered, chunks_digest)``, ascending (:func:`answer_payload`)."""
+        return [(c, len(payloads), chunks_digest(chunks))
+                for c, (chunks, _, payloads) in sorted(self.committed.items())]
 
     def true_report(self, contributor: int, plan: torch.Tensor) -> Report:
         """What ``contributor`` should report for ``plan``, from its committed chunks."""

@@ -15,6 +15,9 @@ both verify, each then sends ``ar.check`` (its signed reports).  A member
 whose check of a part failed opens one more stream to its reducer:
 ``ar.dispute`` (the reports it used), answered by ``ar.proof`` and the
 committed chunks of the contributors whose reports the reducer disputes.
+In a certificate run a member fetches a dispute's published proof from its
+publisher: ``ar.fetch_proof``, answered by ``ar.proven_dispute`` and its
+chunks.
 """
 
 from __future__ import annotations
@@ -23,12 +26,21 @@ from typing import Annotated
 
 from ...progress import Report
 from ...wire import MaxLen, Message, MessageSet, Range
-from ..matchmaking.config import GROUP_ID_SIZE, MAX_CODE_LENGTH, MAX_DETAIL_LENGTH, MAX_GROUP_SIZE
+from ..matchmaking.config import (
+    GROUP_ID_SIZE,
+    MAX_CODE_LENGTH,
+    MAX_DETAIL_LENGTH,
+    MAX_GROUP_SIZE,
+    MAX_PEER_ID_SIZE,
+    MAX_RUN_ID_LENGTH,
+)
 from ._evidence import CHUNK_DIGEST_SIZE, MAX_COMMITTED_CHUNKS, SIGNATURE_SIZE
 from ._verify import NONCE_SIZE, SKETCH_BUCKETS
 
 __all__ = ["ALLREDUCE_PROTOCOL_ID", "Begin", "Segment", "Done", "Reject", "Have", "Reveal",
-           "Joint", "PartCheck", "Check", "SignedReport", "Dispute", "Shown", "Proof",
+           "Joint", "PartCheck", "Check", "SignedReport", "Dispute", "Shown", "Committed",
+           "Proof", "FetchProof", "ProvenDispute", "FETCHED_MESSAGES", "COMMITTED_DIGEST_SIZE",
+           "PROOF_DIGEST_SIZE", "MAX_LAYOUT_PREIMAGE",
            "REJECT_CODES", "SENDER_MESSAGES", "REDUCER_MESSAGES", "HAVE_MESSAGES",
            "REVEAL_MESSAGES", "JOINT_MESSAGES", "CHECK_MESSAGES",
            "PROOF_MESSAGES", "LAYOUT_DIGEST_SIZE", "RESULT_DIGEST_SIZE", "MAX_WEIGHT",
@@ -40,6 +52,12 @@ ALLREDUCE_PROTOCOL_ID = "/p2pdl/allreduce/1.0.0"
 LAYOUT_DIGEST_SIZE = 32
 #: Bytes of a result digest (BLAKE3 of a part's averaged chunks as sent).
 RESULT_DIGEST_SIZE = 32
+#: Bytes of a committed contributor's digest of chunk digests (SHA-256).
+COMMITTED_DIGEST_SIZE = 32
+#: Bytes of a published dispute proof's digest (SHA-256 of its ``ar.proven_dispute``).
+PROOF_DIGEST_SIZE = 32
+#: Largest layout preimage a published proof may carry (bytes).
+MAX_LAYOUT_PREIMAGE = 262144
 #: Largest weight a sender may give (samples are counted in far fewer).
 MAX_WEIGHT = 1e15
 #: Largest CenteredClip radius an ``ar.done`` may name.
@@ -216,19 +234,65 @@ class Shown(Message, tag="ar.shown"):
     commitment: Annotated[bytes, MaxLen(SIGNATURE_SIZE)]
 
 
+class Committed(Message, tag="ar.committed"):
+    """A committed contributor as a reducer's answer binds it: how many of its
+    chunks the reducer received and the SHA-256 of its chunk digests."""
+
+    contributor: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
+    delivered: Annotated[int, Range(0, MAX_COMMITTED_CHUNKS)]
+    chunks: Annotated[bytes, MaxLen(COMMITTED_DIGEST_SIZE)]
+
+
 class Proof(Message, tag="ar.proof"):
     """The reducer's answer to ``ar.dispute``: the contributors whose reports
     it disputes (or that the verifier lacks), in ascending order; their
-    chunks follow as TENSOR frames, contributor by contributor, in order."""
+    chunks follow as TENSOR frames, contributor by contributor, in order.
+    ``committed``: every committed contributor it holds, ascending, and
+    ``signature``: its signature over the answer (Accusations; both nil from
+    reducers before r14)."""
 
     shown: Annotated[list[Shown], MaxLen(MAX_GROUP_SIZE)]
+    committed: Annotated[list[Committed], MaxLen(MAX_GROUP_SIZE)] | None = None
+    signature: Annotated[bytes, MaxLen(SIGNATURE_SIZE)] | None = None
+
+
+class FetchProof(Message, tag="ar.fetch_proof"):
+    """A member of run ``run_id`` asks the publisher of a dispute's proof
+    (Accusations) for it, by its digest."""
+
+    run_id: Annotated[str, MaxLen(MAX_RUN_ID_LENGTH)]
+    digest: Annotated[bytes, MaxLen(PROOF_DIGEST_SIZE)]
+
+
+class ProvenDispute(Message, tag="ar.proven_dispute"):
+    """A dispute as its verifier publishes it, all but the chunks (which
+    follow as TENSOR frames: the result's, then the verifier's own first
+    ``own.delivered``, then each shown contributor's first ``delivered``).
+
+    ``run_id``; ``members``: the group's member peer ids (binary), in group
+    order; ``layout``: the layout's digest preimage (msgpack, The layout);
+    ``part``: the disputed part (its reducer's index); ``dispute``: the
+    verifier's ``ar.dispute`` as it sent it; ``done``: the part's ``ar.done``
+    as the verifier received it; ``own``: the verifier's own commitment to
+    its chunks of the part (nil: it contributed none); ``answer``: the
+    reducer's signed ``ar.proof``."""
+
+    run_id: Annotated[str, MaxLen(MAX_RUN_ID_LENGTH)]
+    members: Annotated[list[Annotated[bytes, MaxLen(MAX_PEER_ID_SIZE)]],
+                       MaxLen(MAX_GROUP_SIZE)]
+    layout: Annotated[bytes, MaxLen(MAX_LAYOUT_PREIMAGE)]
+    part: Annotated[int, Range(0, MAX_GROUP_SIZE - 1)]
+    dispute: Dispute
+    done: Done
+    own: Shown | None
+    answer: Proof
 
 
 #: What a reducer accepts first on a stream (``ar.begin``, the dialer's
 #: ``ar.have`` of the post-round exchange, or a verifier's ``ar.dispute``);
 #: what a sender accepts from a reducer; what a dialer of the exchange
 #: accepts in reply.
-SENDER_MESSAGES = MessageSet(Begin, Have, Dispute)
+SENDER_MESSAGES = MessageSet(Begin, Have, Dispute, FetchProof)
 REDUCER_MESSAGES = MessageSet(Done, Reject)
 HAVE_MESSAGES = MessageSet(Have, Reject)
 #: What either member of an exchange accepts once the ``ar.have`` are through,
@@ -238,3 +302,5 @@ JOINT_MESSAGES = MessageSet(Joint)
 CHECK_MESSAGES = MessageSet(Check)
 #: What a disputing verifier accepts from the reducer.
 PROOF_MESSAGES = MessageSet(Proof, Reject)
+#: What a member that fetches a published proof accepts from its publisher.
+FETCHED_MESSAGES = MessageSet(ProvenDispute, Reject)

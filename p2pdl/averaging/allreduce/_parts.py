@@ -486,9 +486,13 @@ class PartReceiver:
     ``ar.done`` says who contributed.  Every check failure is a
     RemoteProtocolError."""
 
-    def __init__(self, layout: Layout, part: int, out: torch.Tensor, group_size: int) -> None:
+    def __init__(self, layout: Layout, part: int, out: torch.Tensor, group_size: int, *,
+                 keep: bool = False) -> None:
         self.layout = layout
         self.part = part
+        #: with ``keep``: chunk -> its payload as received, for the chunks whose
+        #: codec does not give it back from the decoded values (``reencodes``)
+        self.kept: dict[int, bytes] | None = {} if keep else None
         self.chunks = layout.chunks[part]
         self.out = out
         self.group_size = group_size
@@ -502,6 +506,8 @@ class PartReceiver:
         self.result_digest: bytes | None = None
         #: the reducer's signature over it (None: it sent none)
         self.signature: bytes | None = None
+        #: ``ar.done``'s radii (None: none)
+        self.taus: tuple[float, ...] | None = None
 
     def add_chunk(self, header: TensorHeader, payload: memoryview | bytes) -> None:
         if self.segments is not None or self.received >= len(self.chunks):
@@ -512,6 +518,8 @@ class PartReceiver:
         lo = chunk.start - chunk.part_start
         codec.decode(payload, chunk.count, out=self.out[lo:lo + chunk.count])
         self._digest.update(payload)
+        if self.kept is not None and not codec.reencodes:
+            self.kept[self.received] = bytes(payload)
         self.received += 1
 
     @property
@@ -549,6 +557,7 @@ class PartReceiver:
                                       f"valid signature over the result")
         self.result_digest = digest.digest()
         self.signature = signature
+        self.taus = None if taus is None else tuple(taus)
         self.segments = tuple(segments)
         self.claims = claims
 

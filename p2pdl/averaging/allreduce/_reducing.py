@@ -185,7 +185,8 @@ class _ReducerSide:
         group = session.group
         if begin.chunks is None or not signed_by(
                 group.members[sender].peer_id,
-                commitment_payload(group.group_id, session.me, sender, begin.chunks),
+                commitment_payload(group.group_id, session.me, sender, layout.digest,
+                                   begin.chunks),
                 begin.commitment):
             raise RejectError("uncommitted", "no valid signed commitment to the chunks")
         return list(begin.chunks)

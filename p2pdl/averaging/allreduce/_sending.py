@@ -117,8 +117,9 @@ class _SenderSide:
         session.encoded[r] = payloads
         digests = [chunk_digest(p) for p in payloads]
         signature = self._key.sign(commitment_payload(session.group.group_id, r, session.me,
-                                                      digests))
+                                                      layout.digest, digests))
         self._counters["verification_bytes_sent"] += sum(map(len, digests)) + len(signature)
+        session.commitments[r] = (digests, signature)
         return digests, signature
 
     async def _receive_results(self, stream: FramedStream, session: _Session, r: int,

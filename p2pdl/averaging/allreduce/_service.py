@@ -59,10 +59,12 @@ from ._messages import (
     SENDER_MESSAGES,
     Begin,
     Dispute,
+    FetchProof,
     Have,
     Reject,
 )
 from ._parts import PartReceiver, PartReducer
+from ._proofs import KeptProofs
 from ._reducing import _ReducerSide
 from ._sending import _SenderSide
 from ._session import (
@@ -143,9 +145,10 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
     as a sender of positive weight the node attaches it to every
     ``ar.begin``, so that its evidence reaches the reducers with its claim.
 
-    ``dht``: where proofs of equivocation travel in certificate runs
-    (published and read under ``p2pdl/accusations/<run id>``; the node
-    passes its DHT).  Without it, they stay this node's own.
+    ``dht``: where proofs of equivocation and claims of disputes' proofs
+    travel in certificate runs (published and read under
+    ``p2pdl/accusations/<run id>``; the node passes its DHT).  Without it,
+    they stay this node's own.
     """
 
     def __init__(self, context: ServiceContext, config: AllReduceConfig | None = None, *,
@@ -155,6 +158,7 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
         self._members = context.members
         self._dht = dht
         self._board = AccusationBoard()
+        self._proofs = KeptProofs()
         self._board_changed = trio.Event()
         if dht is not None:
             dht.scope_run_keys(ACCUSATIONS_PREFIX, lambda rest: rest)
@@ -288,9 +292,13 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
                     pending = len(remote)
                     sent = [0]
 
+                    # what a proof of a dispute shows again (certificate runs)
+                    keep = session.joint is not None \
+                        and self._shares_accusations(group.run_id)
+
                     async def exchange(r: int) -> None:
                         receiver = PartReceiver(layout, r, flat[slice(*layout.part_bounds[r])],
-                                                len(group))
+                                                len(group), keep=keep)
                         receivers[r] = receiver
                         try:
                             await self._exchange(session, r, receiver, sent, pending)
@@ -346,6 +354,8 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
             if scope.cancelled_caught or item is None or isinstance(item, TensorChunk):
                 raise RemoteProtocolError("an all-reduce stream must start with ar.begin")
             _, begin = item
+            if isinstance(begin, FetchProof):   # the run is the one it names
+                return Opened(begin.run_id, (None, begin))
             if isinstance(begin, (Have, Dispute)):
                 finished = self._recent.get(begin.group_id)
                 if finished is not None and begin.group_id not in self._sessions:
@@ -365,12 +375,17 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
             return None
 
     async def _handle_admitted(self, stream: FramedStream,
-                               opened: tuple[_Session | _Finished, Begin | Have | Dispute]
-                               ) -> None:
-        """A sender of some group's all-reduce, or a member's ``ar.have``,
-        admitted by the node's gate."""
+                               opened: tuple[_Session | _Finished | None,
+                                             Begin | Have | Dispute | FetchProof]) -> None:
+        """A sender of some group's all-reduce, a member's ``ar.have`` or
+        ``ar.dispute``, or a member fetching a proof, admitted by the node's
+        gate."""
         target, first = opened
         try:
+            if isinstance(first, FetchProof):
+                await self._serve_fetch(stream, first)
+                return
+            assert target is not None
             if isinstance(first, Have):
                 await self._serve_have(stream, target, first)
             elif isinstance(first, Dispute):

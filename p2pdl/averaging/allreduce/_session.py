@@ -24,6 +24,7 @@ from ...service import Statistics
 from ...wire import FramedStream, Message, MessageSet, TensorChunk
 from .._balancing import round_time
 from ._evidence import ReducerEvidence
+from ._messages import Done
 from ._parts import PartReceiver, PartReducer
 from ._state import Layout
 from ._verify import JointNonce, RoundVerifier, Verdict
@@ -136,7 +137,16 @@ class AllReduceStatistics(Statistics):
     (one per part it contributed to and distinct joint nonce asked for: as
     many as parts when the members share one).  ``nonces_withheld``:
     members that committed to a secret this node waited for and never
-    revealed it (left out of its joint nonce).
+    revealed it (left out of its joint nonce).  ``proofs_kept``: proofs of
+    disputes this node keeps and claims in a run's record (Accusations);
+    ``proofs_unpublishable``: disputes that proved a lie here whose proof
+    would not convince others (a reducer before r14, or a result its codec
+    does not reproduce); ``proofs_served``: kept proofs sent to members that
+    fetched them; ``proofs_fetched``: others' proofs this node fetched and
+    judged; ``proofs_unfetched``: fetches that failed (tried again, up to
+    MAX_FETCH_TRIES times); ``lies_proven``: lies those proofs proved
+    (the liar flagged ``reducer_lie`` or ``report_lie``, once per lie);
+    false proofs count in ``accusations_false``.
     """
 
     active: int
@@ -171,6 +181,12 @@ class AllReduceStatistics(Statistics):
     verification_bytes_sent: int = 0
     reports_sketched: int = 0
     nonces_withheld: int = 0
+    proofs_kept: int = 0
+    proofs_unpublishable: int = 0
+    proofs_served: int = 0
+    proofs_fetched: int = 0
+    proofs_unfetched: int = 0
+    lies_proven: int = 0
 
 
 #: The counters of :meth:`AllReduceService.statistics`.
@@ -226,6 +242,14 @@ class _Session:
         # to), and, as a reducer that verifies, what it keeps to answer disputes.
         self.encoded: dict[int, list[bytes | memoryview]] = {}
         self.evidence: ReducerEvidence | None = None
+        # part -> this member's commitment to its chunks (digests, signature),
+        # and the ar.done of each part it received (segments, radii): what a
+        # proof of a dispute shows of them.
+        self.commitments: dict[int, tuple[list[bytes], bytes]] = {}
+        self.dones: dict[int, Done] = {}
+        # part -> chunk -> its payload as received, where its codec does not
+        # give it back from the decoded values (uint8)
+        self.kept_results: dict[int, dict[int, bytes]] = {}
         # part -> how its dispute ended: "cleared", "reducer_lie" or
         # "unanswered", the contributors proven liars, and why
         self.disputes: dict[int, tuple[str, frozenset[int], str]] = {}

@@ -45,7 +45,7 @@ __all__ = ["ChunkSpec", "Layout", "RejectError", "Contribution", "PartResult", "
 
 #: Version of the layout rules; part of the digest.  2: chunk and result
 #: digests are BLAKE3 (1: SHA-256), so members of either never share a group.
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 #: The error of the parts an auxiliary member does not reduce (it gets no averages).
 AUXILIARY_NO_RESULT = "auxiliary peers receive no results"
 
@@ -150,7 +150,44 @@ class Layout:
                 share, ratio = caps
                 self.caps = (float(share), None if ratio is None else float(ratio))
                 preimage.append(["caps", *self.caps])
-        self.digest = hashlib.sha256(msgpack.packb(preimage)).digest()
+        #: the digest's preimage (msgpack): enough to build the layout again
+        #: (:meth:`from_preimage`)
+        self.preimage = msgpack.packb(preimage)
+        self.digest = hashlib.sha256(self.preimage).digest()
+
+    @classmethod
+    def from_preimage(cls, preimage: bytes, max_numel: int = 2**40) -> Layout:
+        """The layout whose digest preimage is ``preimage`` (another peer's
+        word: RemoteProtocolError for anything that is not one, or that
+        describes more than ``max_numel`` values); its digest is
+        SHA-256(``preimage``) exactly."""
+        try:
+            items = msgpack.unpackb(preimage, use_list=True, strict_map_key=True,
+                                    max_bin_len=0, max_ext_len=0)
+            version, sizes, codecs, fractions, chunk_values, *rest = items
+            if version != LAYOUT_VERSION or len(rest) > 2:
+                raise ValueError("another layout version")
+            if not all(type(n) is int and n >= 0 for n in sizes) or sum(sizes) > max_numel:
+                raise ValueError("bad sizes")
+            aggregator, caps = None, None
+            if rest:
+                aggregator = _aggregator_of(rest[0])
+                if aggregator.name == "mean":
+                    raise ValueError("the mean is never described")
+                if len(rest) == 2:
+                    tag, share, ratio = rest[1]
+                    if tag != "caps":
+                        raise ValueError("caps expected")
+                    caps = (float(share), None if ratio is None else float(ratio))
+            layout = cls(sizes, [codec_from_header(name, meta) for name, meta in codecs],
+                         [float(f) for f in fractions], chunk_values, aggregator, caps)
+        except RemoteProtocolError:
+            raise
+        except Exception as exc:   # untrusted bytes
+            raise RemoteProtocolError(f"not a layout preimage: {exc}") from None
+        if layout.preimage != preimage:
+            raise RemoteProtocolError("not a layout preimage in its canonical form")
+        return layout
 
     @classmethod
     def for_tensors(cls, sizes: Sequence[int], fractions: Sequence[float],
@@ -388,3 +425,17 @@ def contributions(layout: Layout, part: int,
     chunks = layout.chunks[part]
     return tuple(Contribution(chunks[s.first].start, chunks[s.end - 1].end,
                               tuple(s.contributors), float(s.weight)) for s in segments)
+
+
+def _aggregator_of(description: Any) -> Aggregator:
+    """The rule ``Aggregator.describe`` gave ``description`` (ValueError if none)."""
+    name, *params = description
+    if name == "centered_clip":
+        tau, iterations, tolerance = params
+        return Aggregator(name, tau=tau, iterations=iterations, tolerance=tolerance)
+    if name == "trimmed_mean":
+        (trim,) = params
+        return Aggregator(name, trim=trim)
+    if params:
+        raise ValueError(f"rule {name!r} takes no parameters")
+    return Aggregator(name)

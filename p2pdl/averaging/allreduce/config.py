@@ -186,7 +186,7 @@ class AllReduceConfig:
             return None
         share, ratio = self.caps
         return hashlib.sha256(msgpack.packb(
-            ["p2pdl/aggregator/3", self.aggregator.describe(),
+            ["p2pdl/aggregator/4", self.aggregator.describe(),
              ["caps", float(share), None if ratio is None else float(ratio)]])).digest()
 
     def __post_init__(self) -> None:

@@ -38,11 +38,12 @@ def test_signatures_bind_the_signer_and_every_byte():
     keys = create_new_key_pair()
     peer = ID.from_pubkey(keys.public_key)
     other = ID.from_pubkey(create_new_key_pair().public_key)
-    payload = commitment_payload(b"g" * 32, 1, 2, [b"\x01" * 32, b"\x02" * 32])
+    payload = commitment_payload(b"g" * 32, 1, 2, b"l" * 32, [b"\x01" * 32, b"\x02" * 32])
     signature = keys.private_key.sign(payload)
     assert signed_by(peer, payload, signature)
     assert not signed_by(other, payload, signature)
-    assert not signed_by(peer, commitment_payload(b"g" * 32, 1, 3, [b"\x01" * 32, b"\x02" * 32]),
+    assert not signed_by(peer, commitment_payload(b"g" * 32, 1, 3, b"l" * 32,
+                                                 [b"\x01" * 32, b"\x02" * 32]),
                          signature)
     assert not signed_by(peer, payload, None) and not signed_by(peer, payload, b"\0" * 64)
     report = report_payload(b"g" * 32, 1, 2, b"n" * 32, b"d" * 32, b"s" * 1024, [0.5])

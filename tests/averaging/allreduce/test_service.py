@@ -214,7 +214,7 @@ async def misbehave(node, group, peers, how, *, weight=1.0):
                     # a commitment to what it sends, so that what is refused is the values
                     digests = [chunk_digest(bad.numpy().tobytes())] * len(layout.chunks[r])
                     signature = node.host.libp2p.get_private_key().sign(
-                        commitment_payload(group.group_id, r, me, digests))
+                        commitment_payload(group.group_id, r, me, layout.digest, digests))
                     await stream.send_message(Begin(group.group_id, me, r, layout.digest,
                                                     weight, chunks=digests,
                                                     commitment=signature))
