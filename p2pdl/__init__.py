@@ -14,9 +14,9 @@ Layers, bottom to top; a layer imports only the layers below it
 * ``p2pdl.membership`` -- who may touch a run: open, allowlist and certificate runs,
   the membership handshake, revocation (``node.membership``).
 * ``p2pdl.progress`` -- gossip of training progress, when to step (``node.progress``).
-* ``p2pdl.statesync`` -- training state for joiners (``node.state_sync``).
+* ``p2pdl.statesync`` -- training state for joiners (``node.statesync``).
 * ``p2pdl.averaging`` -- matchmaking of averaging groups (``node.matchmaking``) and
-  the butterfly all-reduce (``node.averaging``).
+  the butterfly all-reduce (``node.allreduce``).
 * ``p2pdl.training`` -- the PyTorch adapter, :class:`Optimizer` (loads torch;
   imported only when one of its names is used).
 * the node -- ``_node`` (:func:`open_node`, :class:`TrioNode`, the services built

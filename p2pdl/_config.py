@@ -9,7 +9,7 @@ from .averaging import AllReduceConfig, MatchmakingConfig
 from .dht import DHTConfig, Schema
 from .errors import ConfigError
 from .membership import MembershipConfig
-from .nat import ReachabilityConfig
+from .nat import NatConfig
 from .net import HostConfig
 from .progress import ProgressConfig
 from .statesync import StateSyncConfig
@@ -29,14 +29,14 @@ class NodeConfig:
 
     host: HostConfig = HostConfig()
     wire: WireConfig = WireConfig()
-    nat: ReachabilityConfig = ReachabilityConfig()
+    nat: NatConfig = NatConfig()
     dht: DHTConfig = DHTConfig()
     dht_schemas: tuple[Schema, ...] = ()
     membership: MembershipConfig = MembershipConfig()
     progress: ProgressConfig = ProgressConfig()
     matchmaking: MatchmakingConfig = MatchmakingConfig()
     allreduce: AllReduceConfig = AllReduceConfig()
-    state_sync: StateSyncConfig = StateSyncConfig()
+    statesync: StateSyncConfig = StateSyncConfig()
 
     @classmethod
     def build(cls, config: NodeConfig | None = None, **host_fields: Any) -> NodeConfig:

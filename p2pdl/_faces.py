@@ -56,8 +56,8 @@ if TYPE_CHECKING:
     from .net import PeerIDLike
 
 __all__ = ["SyncDHT", "AsyncioDHT", "SyncProgress", "SyncTracker", "AsyncioProgress",
-           "AsyncioTracker", "SyncMatchmaking", "AsyncioMatchmaking", "SyncAveraging",
-           "AsyncioAveraging", "SyncStateSync", "AsyncioStateSync", "SyncMembership",
+           "AsyncioTracker", "SyncMatchmaking", "AsyncioMatchmaking", "SyncAllReduce",
+           "AsyncioAllReduce", "SyncStateSync", "AsyncioStateSync", "SyncMembership",
            "AsyncioMembership"]
 
 T = TypeVar("T")
@@ -472,8 +472,8 @@ class AsyncioMatchmaking:
                                                                            **options))
 
 
-class SyncAveraging:
-    """``node.averaging`` of a sync :class:`~p2pdl.Node`.
+class SyncAllReduce:
+    """``node.allreduce`` of a sync :class:`~p2pdl.Node`.
 
     ``all_reduce`` averages with a group from matchmaking; ``start_round``
     does both steps of a round (form a group, average) in the node's thread
@@ -481,10 +481,10 @@ class SyncAveraging:
     :class:`~p2pdl.Optimizer` runs every epoch.
     """
 
-    def __init__(self, portal: Portal, averaging: AllReduceService,
+    def __init__(self, portal: Portal, allreduce: AllReduceService,
                  matchmaking: MatchmakingService) -> None:
         self._portal = portal
-        self._averaging = averaging
+        self._allreduce = allreduce
         self._matchmaking = matchmaking
 
     def all_reduce(self, group: Group, tensors: Sequence[torch.Tensor], **options: Any
@@ -495,8 +495,8 @@ class SyncAveraging:
         the tensors are read and, with ``inplace=True``, written in the
         node's thread, so leave them alone until it returns.
         """
-        config = options.get("config") or self._averaging.config
-        return self._portal.run(lambda: self._averaging.all_reduce(group, tensors, **options),
+        config = options.get("config") or self._allreduce.config
+        return self._portal.run(lambda: self._allreduce.all_reduce(group, tensors, **options),
                                 config.averaging_timeout + FORM_GROUP_SLACK)
 
     def start_round(self, run_id: str, epoch: int, tensors: Sequence[torch.Tensor], *,
@@ -513,36 +513,36 @@ class SyncAveraging:
         it cancels the round.
         """
         return self._portal.submit(lambda: average_round(
-            self._matchmaking, self._averaging, run_id, epoch, tensors, weight=weight,
+            self._matchmaking, self._allreduce, run_id, epoch, tensors, weight=weight,
             **options))
 
     def round_limit(self, **options: Any) -> float:
         """The longest a round started with these ``options`` can take (s), margins included."""
-        return _round_limit(self._matchmaking.config, self._averaging.config, options)
+        return _round_limit(self._matchmaking.config, self._allreduce.config, options)
 
     def statistics(self) -> AllReduceStatistics:
-        return self._portal.run_sync(self._averaging.statistics)
+        return self._portal.run_sync(self._allreduce.statistics)
 
 
-class AsyncioAveraging:
-    """``node.aio.averaging``."""
+class AsyncioAllReduce:
+    """``node.aio.allreduce``."""
 
-    def __init__(self, portal: Portal, averaging: AllReduceService,
+    def __init__(self, portal: Portal, allreduce: AllReduceService,
                  matchmaking: MatchmakingService) -> None:
         self._portal = portal
-        self._averaging = averaging
+        self._allreduce = allreduce
         self._matchmaking = matchmaking
 
     async def all_reduce(self, group: Group, tensors: Sequence[torch.Tensor],
                          **options: Any) -> AllReduceResult:
-        return await self._portal.aio(lambda: self._averaging.all_reduce(group, tensors,
+        return await self._portal.aio(lambda: self._allreduce.all_reduce(group, tensors,
                                                                          **options))
 
     async def round(self, run_id: str, epoch: int, tensors: Sequence[torch.Tensor], *,
                     weight: float, **options: Any) -> AllReduceResult:
-        """One round (form a group, then average): see :meth:`SyncAveraging.start_round`."""
+        """One round (form a group, then average): see :meth:`SyncAllReduce.start_round`."""
         return await self._portal.aio(lambda: average_round(
-            self._matchmaking, self._averaging, run_id, epoch, tensors, weight=weight,
+            self._matchmaking, self._allreduce, run_id, epoch, tensors, weight=weight,
             **options))
 
 
@@ -550,7 +550,7 @@ class AsyncioAveraging:
 
 
 class SyncStateSync:
-    """``node.state_sync`` of a sync :class:`~p2pdl.Node`.
+    """``node.statesync`` of a sync :class:`~p2pdl.Node`.
 
     ``share`` and ``unshare`` call the trio service's thread-safe methods in
     the calling thread (the manifest is hashed there); ``fetch`` blocks until
@@ -597,7 +597,7 @@ class SyncStateSync:
 
 
 class AsyncioStateSync:
-    """``node.aio.state_sync``: ``fetch`` awaited; ``share`` and ``unshare`` as in sync code
+    """``node.aio.statesync``: ``fetch`` awaited; ``share`` and ``unshare`` as in sync code
     (they hash in the calling thread: share large payloads with ``asyncio.to_thread``)."""
 
     def __init__(self, portal: Portal, state_sync: StateSyncService) -> None:

@@ -96,10 +96,10 @@ SERVICES: tuple[tuple[str, ServiceBuilder], ...] = (
                                                      reachability=s["nat"])),
     ("matchmaking", lambda ctx, cfg, s: MatchmakingService(ctx, cfg.matchmaking, dht=s["dht"],
                                                            reachability=s["nat"])),
-    ("averaging", lambda ctx, cfg, s: AllReduceService(
+    ("allreduce", lambda ctx, cfg, s: AllReduceService(
         ctx, cfg.allreduce, weight_evidence=s["progress"].weight_evidence,
         own_report=s["progress"].signed_report, dht=s["dht"])),
-    ("state_sync", lambda ctx, cfg, s: StateSyncService(ctx, cfg.state_sync)),
+    ("statesync", lambda ctx, cfg, s: StateSyncService(ctx, cfg.statesync)),
 )
 
 
@@ -121,8 +121,8 @@ class NodeStatistics(Statistics):
     membership: Statistics
     progress: Statistics
     matchmaking: Statistics
-    averaging: Statistics
-    state_sync: Statistics
+    allreduce: Statistics
+    statesync: Statistics
 
 
 class TrioNode:
@@ -217,16 +217,16 @@ class TrioNode:
         return self._services["matchmaking"]
 
     @property
-    def averaging(self) -> AllReduceService:
-        """Butterfly all-reduce: ``result = await node.averaging.all_reduce(group, tensors,
+    def allreduce(self) -> AllReduceService:
+        """Butterfly all-reduce: ``result = await node.allreduce.all_reduce(group, tensors,
         weight=samples)`` (docs/allreduce.md)."""
-        return self._services["averaging"]
+        return self._services["allreduce"]
 
     @property
-    def state_sync(self) -> StateSyncService:
+    def statesync(self) -> StateSyncService:
         """Training state for joiners: ``share(run_id, epoch, payload)``,
-        ``download = await node.state_sync.fetch(run_id, donors)`` (docs/statesync.md)."""
-        return self._services["state_sync"]
+        ``download = await node.statesync.fetch(run_id, donors)`` (docs/statesync.md)."""
+        return self._services["statesync"]
 
     @property
     def nursery(self) -> trio.Nursery:

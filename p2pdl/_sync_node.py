@@ -29,13 +29,13 @@ from libp2p.peer.id import ID
 
 from ._config import NodeConfig
 from ._faces import (
-    AsyncioAveraging,
+    AsyncioAllReduce,
     AsyncioDHT,
     AsyncioMatchmaking,
     AsyncioMembership,
     AsyncioProgress,
     AsyncioStateSync,
-    SyncAveraging,
+    SyncAllReduce,
     SyncDHT,
     SyncMatchmaking,
     SyncMembership,
@@ -160,8 +160,8 @@ class Node:
                                          self._config.dht.operation_timeout)
         self.progress = SyncProgress(portal, node.progress)
         self.matchmaking = SyncMatchmaking(portal, node.matchmaking)
-        self.averaging = SyncAveraging(portal, node.averaging, node.matchmaking)
-        self.state_sync = SyncStateSync(portal, node.state_sync)
+        self.allreduce = SyncAllReduce(portal, node.allreduce, node.matchmaking)
+        self.statesync = SyncStateSync(portal, node.statesync)
 
     def _thread_main(self) -> None:
         try:
@@ -319,8 +319,8 @@ class AsyncioNode:
         self.membership = AsyncioMembership(portal, trio_node.membership)
         self.progress = AsyncioProgress(portal, trio_node.progress)
         self.matchmaking = AsyncioMatchmaking(portal, trio_node.matchmaking)
-        self.averaging = AsyncioAveraging(portal, trio_node.averaging, trio_node.matchmaking)
-        self.state_sync = AsyncioStateSync(portal, trio_node.state_sync)
+        self.allreduce = AsyncioAllReduce(portal, trio_node.allreduce, trio_node.matchmaking)
+        self.statesync = AsyncioStateSync(portal, trio_node.statesync)
 
     async def connect(self, address: str, *, timeout: float | None = None) -> ID:
         return await self._portal.aio(lambda: self._trio.connect(address, timeout))

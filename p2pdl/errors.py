@@ -130,7 +130,7 @@ class CheckpointError(P2PDLError):
 class StateSyncError(P2PDLError):
     """No training state could be downloaded from the donors (p2pdl.training).
 
-    Raised by ``node.state_sync.fetch`` when no donor offers state for the
+    Raised by ``node.statesync.fetch`` when no donor offers state for the
     run at the asked epoch or newer, or every donor failed before all chunks
     arrived verified.  Chunks already verified are kept, so a later fetch of
     the same state resumes; the message says which donors failed and why.

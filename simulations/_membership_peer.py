@@ -7,7 +7,7 @@ The node is a member of two runs at once: ``bench-open`` (no policy: open)
 and ``bench-closed`` (a certificate run under ``--authority``, this peer's
 ``--certificate``).  Round r averages ``--numel`` float32 values (13 uneven
 tensors, as bench_allreduce.py's) among all N peers in a fixed group of the
-run :func:`run_of` (r) (equal weights, ``node.averaging.all_reduce``), so the
+run :func:`run_of` (r) (equal weights, ``node.allreduce.all_reduce``), so the
 two runs alternate (open, closed, closed, open, open, ...) over the same
 nodes, connections and processes; rounds 0 and 1 are the warm-ups (the
 closed run's certificates are exchanged then).
@@ -78,7 +78,7 @@ async def run(args: argparse.Namespace) -> None:
             harness.emit("ready", round=r, rank=args.rank)
             await trio.to_thread.run_sync(lambda: harness.wait_command("go", timeout=left()))
             t_start = time.time()
-            result = await node.averaging.all_reduce(group, tensors, weight=1.0,
+            result = await node.allreduce.all_reduce(group, tensors, weight=1.0,
                                                      config=allreduce)
             t_end = time.time()
             error = None if result.completed else "; ".join(

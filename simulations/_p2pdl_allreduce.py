@@ -7,7 +7,7 @@ Each worker opens a node on loopback, tells the others its address (the
 parent's address exchange), and connects to every other (as matchmaking
 leaves a group: every member's address known).  Round r is an all-reduce
 of the group of all N peers in rank order, with id SHA-256("bench-allreduce/<r>") and equal shares
-(``node.averaging.all_reduce(group, tensors, weight=w_i)``), timed from the
+(``node.allreduce.all_reduce(group, tensors, weight=w_i)``), timed from the
 go to the averaged tensors in hand.  Codec ``none`` sends every tensor as
 float32; ``fp16`` sends tensors of at least 65536 values in fp16 and the
 smaller ones exact (the default ``CodecPolicy``).  ``--aggregator`` (default
@@ -54,7 +54,7 @@ async def run(worker: Worker) -> None:
                           members)
             t_start = await trio.to_thread.run_sync(worker.ready, r)
             cpu = time.process_time()
-            result = await node.averaging.all_reduce(group, tensors, weight=worker.weight,
+            result = await node.allreduce.all_reduce(group, tensors, weight=worker.weight,
                                                      config=config)
             t_end = time.time()
             cpu = time.process_time() - cpu

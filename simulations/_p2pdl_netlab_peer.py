@@ -141,7 +141,7 @@ async def run(args: argparse.Namespace) -> None:
                              fractions=list(plans[mode]))
                 await trio.to_thread.run_sync(harness.wait_command, "go", left(args))
                 t_start = time.time()
-                result = await node.averaging.all_reduce(
+                result = await node.allreduce.all_reduce(
                     group, tensors, weight=0.0 if auxiliary else weight(args.rank), config=config)
                 t_end = time.time()
                 error = None if result.completed else "; ".join(

@@ -234,7 +234,7 @@ def instrument(node: Any) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     trio_node = getattr(node, "_node", None)
     services = [(getattr(trio_node, "matchmaking", None), "form_group"),
-                (getattr(trio_node, "averaging", None), "all_reduce")]
+                (getattr(trio_node, "allreduce", None), "all_reduce")]
     for service, name in services:
         original = getattr(service, name, None)
         if original is None:

@@ -489,8 +489,8 @@ def verification_bytes(peers: int, numel: int) -> int:
             values = [torch.randn(numel, generator=gen) for _ in nodes]
             async with trio.open_nursery() as nursery:
                 for node, value in zip(nodes, values, strict=True):
-                    nursery.start_soon(node.averaging.all_reduce, group, [value])
-            return sum(n.averaging.statistics()["verification_bytes_sent"] for n in nodes)
+                    nursery.start_soon(node.allreduce.all_reduce, group, [value])
+            return sum(n.allreduce.statistics()["verification_bytes_sent"] for n in nodes)
 
     return trio.run(run)
 

@@ -47,7 +47,7 @@ from p2pdl.membership import _certificates as mb_certificates
 from p2pdl.membership import _messages as mb_messages
 from p2pdl.membership import _service as mb_service
 from p2pdl.membership import config as mb_config
-from p2pdl.nat import DIALBACK_PROTOCOL_ID, ReachabilityConfig
+from p2pdl.nat import DIALBACK_PROTOCOL_ID, NatConfig
 from p2pdl.nat._messages import MAX_DIALBACK_ADDRS
 from p2pdl.net import HostConfig, RelayLimits
 from p2pdl.net._dialer import MAX_RELAY_ROUTES
@@ -153,7 +153,7 @@ def test_tensor_dtypes_match_the_code():
 
 def test_transport_definitions_match_the_code():
     rows = definitions(spec("transport.md"))
-    host, relay, reach = HostConfig(), RelayLimits(), ReachabilityConfig()
+    host, relay, reach = HostConfig(), RelayLimits(), NatConfig()
     assert number(rows["dial_timeout"]) == host.dial_timeout
     assert number(rows["relay_reservations"]) == host.relay_reservations
     for field in ("max_reservations", "max_circuits_per_peer", "max_circuit_bytes",

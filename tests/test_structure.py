@@ -14,8 +14,10 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import importlib
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -253,3 +255,37 @@ def test_services_are_wiring_not_logic():
             for name, path in MODULES.items() if name.endswith("._service")
             and len(path.read_text().splitlines()) > MAX_SERVICE_LINES]
     assert not long, "\n".join(long)
+
+
+def test_each_service_is_named_after_its_package():
+    """``node.<name>``, ``NodeStatistics.<name>`` and ``NodeConfig.<name>``
+    of every service are the name of the package that holds it, and the sync
+    and asyncio faces use the same name."""
+    import typing
+
+    from p2pdl._config import NodeConfig
+    from p2pdl._node import SERVICES, NodeStatistics, TrioNode
+    from p2pdl._sync_node import AsyncioNode, Node
+
+    stats = {f.name for f in dataclasses.fields(NodeStatistics)}
+    config = {f.name for f in dataclasses.fields(NodeConfig)}
+    faces = set(vars(Node).get("__annotations__", {})) | _assigned(Node)
+    aio = _assigned(AsyncioNode)
+    for name, _ in SERVICES:
+        service = typing.get_type_hints(getattr(TrioNode, name).fget)["return"]
+        assert service.__module__.split(".")[-2] == name, (name, service.__module__)
+        assert name in stats and name in config, name
+        if name not in WITHOUT_FACES:
+            assert name in faces and name in aio, name
+
+
+#: Services the sync and asyncio nodes show through the node itself, not a face
+#: (``node.reachability``, ``node.client_mode``, ``node.paths``).
+WITHOUT_FACES = {"nat"}
+
+
+def _assigned(cls: type) -> set[str]:
+    """The attributes ``cls`` sets on ``self`` in its source."""
+    import inspect
+
+    return set(re.findall(r"self\.(\w+) = ", inspect.getsource(cls)))

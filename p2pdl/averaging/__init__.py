@@ -5,7 +5,7 @@ Two protocols, each a package of the same shape, and the pieces they share:
 * ``matchmaking`` -- ``/p2pdl/matchmaking/1.0.0`` (``node.matchmaking``): peers
   ready for the same epoch of a run form groups of at most
   ``target_group_size`` within ``matchmaking_time``, with no coordinator.
-* ``allreduce`` -- ``/p2pdl/allreduce/1.0.0`` (``node.averaging``): the group's
+* ``allreduce`` -- ``/p2pdl/allreduce/1.0.0`` (``node.allreduce``): the group's
   butterfly all-reduce.
 * ``_aggregators`` -- sans-IO: how a reducer combines the copies of a chunk
   (:class:`Aggregator`: the weighted mean, CenteredClip, trimmed mean,

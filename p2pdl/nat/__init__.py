@@ -5,7 +5,7 @@ host's relay reservations: a node that is not known to be public keeps
 reservations on relays.  Relays, relayed dialling and hole punching
 themselves are host features (``p2pdl.net``).  Modules:
 
-* ``config`` -- :class:`ReachabilityConfig`, documented defaults.
+* ``config`` -- :class:`NatConfig`, documented defaults.
 * ``_messages`` -- the dial-back protocol ``/p2pdl/dialback/1.0.0``.
 * ``_state`` -- :class:`ReachabilityTracker` (sans-IO).
 * ``_service`` -- :class:`NatService`: probing, answering, client mode.
@@ -20,4 +20,4 @@ from ._service import NatService as NatService
 from ._service import NatStatistics as NatStatistics
 from ._state import Reachability as Reachability
 from ._state import ReachabilityTracker as ReachabilityTracker
-from .config import ReachabilityConfig as ReachabilityConfig
+from .config import NatConfig as NatConfig

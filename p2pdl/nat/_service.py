@@ -16,7 +16,7 @@ from ..service import Reachability, RpcEndpoint, ServiceContext, Statistics
 from ..wire import Message, RequestContext
 from ._messages import DIALBACK, DialBackRequest, DialBackResponse, DialBackResult
 from ._state import ReachabilityTracker
-from .config import ReachabilityConfig
+from .config import NatConfig
 
 __all__ = ["NatService", "NatStatistics"]
 
@@ -53,11 +53,11 @@ class NatService:
     ``server_concurrency`` at once and once per ``server_min_interval`` per peer.
     """
 
-    def __init__(self, context: ServiceContext, config: ReachabilityConfig | None = None
+    def __init__(self, context: ServiceContext, config: NatConfig | None = None
                  ) -> None:
         self._host = context.host
         self._call = context.call
-        self._config = config = config or ReachabilityConfig()
+        self._config = config = config or NatConfig()
         self._counters: collections.Counter[str] = collections.Counter()
         self._tracker = ReachabilityTracker(config)
         self._status = Reachability.UNKNOWN

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..service import Reachability
-from .config import ReachabilityConfig
+from .config import NatConfig
 
 __all__ = ["Reachability", "ReachabilityTracker"]
 
@@ -30,7 +30,7 @@ class ReachabilityTracker:
     A new set of addresses starts over.
     """
 
-    def __init__(self, config: ReachabilityConfig) -> None:
+    def __init__(self, config: NatConfig) -> None:
         self._config = config
         self._addrs: tuple[str, ...] = ()
         # address -> prober -> latest result

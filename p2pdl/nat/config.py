@@ -8,7 +8,7 @@ from ..errors import ConfigError
 
 
 @dataclasses.dataclass(frozen=True)
-class ReachabilityConfig:
+class NatConfig:
     """How a node learns whether it is publicly reachable.  Documented defaults.
 
     Attributes:
@@ -48,7 +48,7 @@ class ReachabilityConfig:
         for name in ("probe_timeout", "unknown_interval", "public_interval", "private_interval",
                      "result_ttl", "server_min_interval"):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"ReachabilityConfig.{name} must be positive")
+                raise ConfigError(f"NatConfig.{name} must be positive")
         for name in ("min_failures", "max_addrs", "server_concurrency"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"ReachabilityConfig.{name} must be >= 1")
+                raise ConfigError(f"NatConfig.{name} must be >= 1")

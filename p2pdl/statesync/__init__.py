@@ -1,4 +1,4 @@
-"""State sync (``/p2pdl/statesync/1.0.0``, ``node.state_sync``): a peer that joins late
+"""State sync (``/p2pdl/statesync/1.0.0``, ``node.statesync``): a peer that joins late
 or falls behind downloads the training state from donors, chunk by chunk, each
 chunk verified (protocols/statesync.md, docs/statesync.md).
 

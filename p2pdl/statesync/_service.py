@@ -1,4 +1,4 @@
-"""The state-sync service of a node (``node.state_sync``): share snapshots, fetch them.
+"""The state-sync service of a node (``node.statesync``): share snapshots, fetch them.
 
 A training peer that joins late or falls an epoch behind downloads the
 training state (already serialized by the caller into one ``bytes``
@@ -114,7 +114,7 @@ STATESYNC_COUNTERS = StateSyncStatistics.counter_names()
 
 
 class StateSyncService(_DonorSide, _FetcherSide):
-    """Shares this node's training state and downloads others' (``node.state_sync``)."""
+    """Shares this node's training state and downloads others' (``node.statesync``)."""
 
     def __init__(self, context: ServiceContext, config: StateSyncConfig | None = None
                  ) -> None:

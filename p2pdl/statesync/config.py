@@ -34,7 +34,7 @@ MESSAGE_OVERHEAD = 1 * KiB
 
 @dataclasses.dataclass(frozen=True)
 class StateSyncConfig:
-    """How a node shares its training state and downloads others' (``node.state_sync``).
+    """How a node shares its training state and downloads others' (``node.statesync``).
 
     Attributes:
         chunk_size: bytes of payload per chunk (the unit of transfer, retry,

@@ -37,7 +37,7 @@ import trio
 
 from .. import NodeConfig, TrioNode, open_node
 from ..errors import P2PDLError
-from ..nat import ReachabilityConfig
+from ..nat import NatConfig
 from ..wire import Message, MessageSet
 
 SINK = "/p2pdl-test/sink/1.0.0"
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
                               relay_reservations=args.relay_reservations)
     if args.no_reachability:
         import dataclasses
-        config = dataclasses.replace(config, nat=ReachabilityConfig(enabled=False))
+        config = dataclasses.replace(config, nat=NatConfig(enabled=False))
     if os.environ.get("P2PDL_AGENT_LOG"):
         import logging
         logging.getLogger("p2pdl").setLevel(os.environ["P2PDL_AGENT_LOG"])

@@ -301,7 +301,7 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
             stats = [d.statistics() for d in drivers]
             flags = [flagged(n, run_id) for n in nodes]
             allreduce = [dataclasses.asdict(n.portal.run_sync(
-                lambda n=n: n.trio_node.averaging.statistics())) for n in nodes]
+                lambda n=n: n.trio_node.allreduce.statistics())) for n in nodes]
             peer_ids = [n.peer_id.to_base58() for n in nodes]
             bans = [n.banned(run_id) for n in nodes]
             rounds = [o.round_history() if o is not None else [] for o in opts]

@@ -219,7 +219,7 @@ class _Peer:
             return self.statistics
         try:
             trio_node = self.node.trio_node
-            averaging = self.node.portal.run_sync(lambda: trio_node.averaging.statistics())
+            averaging = self.node.portal.run_sync(lambda: trio_node.allreduce.statistics())
             statistics.update({key: getattr(averaging, key) for key in PARTS_KEYS})
         except Exception:   # the node is closing: its last counts stand
             statistics.update({key: self.statistics.get(key, 0) for key in PARTS_KEYS})
@@ -459,12 +459,12 @@ def _choose(kind: str, current: dict[int, _Peer], lock: threading.Lock,
 
 def _allreduce_active(node: Node) -> bool:
     trio_node = node.trio_node
-    return node.portal.run_sync(lambda: trio_node.averaging.statistics().active) > 0
+    return node.portal.run_sync(lambda: trio_node.allreduce.statistics().active) > 0
 
 
 def _downloading(node: Node) -> bool:
     trio_node = node.trio_node
-    return bool(node.portal.run_sync(lambda: trio_node.state_sync.statistics().fetching))
+    return bool(node.portal.run_sync(lambda: trio_node.statesync.statistics().fetching))
 
 
 def _settle(opt: Optimizer, deadline: float) -> None:

@@ -29,7 +29,7 @@ from ._example import ExampleConfig as ExampleConfig
 from ._example import ExampleTask as ExampleTask
 from ._example import TinyTransformerLM as TinyTransformerLM
 from ._example import count_parameters as count_parameters
-from ._node_api import TrainingAveraging as TrainingAveraging
+from ._node_api import TrainingAllReduce as TrainingAllReduce
 from ._node_api import TrainingNode as TrainingNode
 from ._node_api import TrainingProgress as TrainingProgress
 from ._node_api import TrainingStateSync as TrainingStateSync

@@ -316,9 +316,9 @@ def _install_reducer(optimizer: Optimizer, reducer: type) -> None:
     trio_node = getattr(node, "trio_node", node)
     portal = getattr(node, "portal", None)
     if portal is not None:
-        portal.run_sync(lambda: setattr(trio_node.averaging, "part_reducer", reducer))
+        portal.run_sync(lambda: setattr(trio_node.allreduce, "part_reducer", reducer))
     else:
-        trio_node.averaging.part_reducer = reducer
+        trio_node.allreduce.part_reducer = reducer
 
 
 def _equivocating_reducer() -> type:

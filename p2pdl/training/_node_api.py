@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..progress import GlobalProgress, PeerReport
     from ..statesync import StateDownload
 
-__all__ = ["TrainingNode", "TrainingTracker", "TrainingProgress", "TrainingAveraging",
+__all__ = ["TrainingNode", "TrainingTracker", "TrainingProgress", "TrainingAllReduce",
            "TrainingStateSync", "REQUIRED_MEMBERS", "check_training_node"]
 
 
@@ -59,8 +59,8 @@ class TrainingProgress(Protocol):
               auxiliary: bool = ...) -> TrainingTracker: ...
 
 
-class TrainingAveraging(Protocol):
-    """``node.averaging``: one round (form a group, all-reduce) in the node's thread."""
+class TrainingAllReduce(Protocol):
+    """``node.allreduce``: one round (form a group, all-reduce) in the node's thread."""
 
     def start_round(self, run_id: str, epoch: int, tensors: Sequence[torch.Tensor], *,
                     weight: float, config: AllReduceConfig | None = ...,
@@ -79,7 +79,7 @@ class TrainingAveraging(Protocol):
 
 
 class TrainingStateSync(Protocol):
-    """``node.state_sync``: offer this peer's state, download the swarm's."""
+    """``node.statesync``: offer this peer's state, download the swarm's."""
 
     def share(self, run_id: str, epoch: int, payload: bytes) -> None: ...
 
@@ -107,16 +107,16 @@ class TrainingNode(Protocol):
     def progress(self) -> TrainingProgress: ...
 
     @property
-    def averaging(self) -> TrainingAveraging: ...
+    def allreduce(self) -> TrainingAllReduce: ...
 
     @property
-    def state_sync(self) -> TrainingStateSync: ...
+    def statesync(self) -> TrainingStateSync: ...
 
 
 #: Every member of :class:`TrainingNode` that the optimizer calls, as dotted paths.
-REQUIRED_MEMBERS = ("client_mode", "progress.track", "averaging.start_round",
-                    "averaging.round_limit", "state_sync.share", "state_sync.unshare",
-                    "state_sync.fetch", "state_sync.offers")
+REQUIRED_MEMBERS = ("client_mode", "progress.track", "allreduce.start_round",
+                    "allreduce.round_limit", "statesync.share", "statesync.unshare",
+                    "statesync.fetch", "statesync.offers")
 
 
 def check_training_node(node: object) -> TrainingNode:
@@ -124,7 +124,7 @@ def check_training_node(node: object) -> TrainingNode:
 
     Members are looked up by name, without calling properties (``client_mode``
     asks the node's thread).  A :class:`~p2pdl.TrioNode` fails here: its
-    ``averaging`` is the trio service, which has no ``start_round``.
+    ``allreduce`` is the trio service, which has no ``start_round``.
     """
     for path in REQUIRED_MEMBERS:
         owner: object = node

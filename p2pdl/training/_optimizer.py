@@ -19,7 +19,7 @@ What happens in ``step``:
 
 Around that: a peer that joins late or falls behind downloads the state
 (parameters, optimizer state, epoch) from peers at the newest epoch
-(``node.state_sync``), and so does a peer whose round found no group while
+(``node.statesync``), and so does a peer whose round found no group while
 the others stepped that epoch without it (rather than a local step that
 would drift apart); state is checkpointed atomically every N epochs and a
 restart resumes from the newest of checkpoint and swarm; with

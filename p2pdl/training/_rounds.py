@@ -1,6 +1,6 @@
 """Averaging rounds of the training layer: :class:`Rounds`, :class:`RoundInfo`.
 
-A round is one ``node.averaging.start_round`` (form a group for the epoch,
+A round is one ``node.allreduce.start_round`` (form a group for the epoch,
 then the all-reduce, in the node's thread), which returns a
 :class:`concurrent.futures.Future`.  :class:`Rounds` starts it, waits for it
 (at most the node's ``round_limit``), and judges what came back: every part
@@ -169,7 +169,7 @@ class Rounds:
         if samples > 0 and not auxiliary:
             self._publish_weight()
         on_group = (lambda group: grouped.set()) if grouped is not None else None
-        return self.node.averaging.start_round(
+        return self.node.allreduce.start_round(
             self.run_id, epoch, tensors, weight=float(samples), config=config.allreduce,
             inplace=True, on_group=on_group, auxiliary=auxiliary,
             matchmaking_time=config.matchmaking_time, target_group_size=config.target_group_size,
@@ -183,7 +183,7 @@ class Rounds:
 
     def limit(self) -> float:
         """The longest the training thread waits for a round (s)."""
-        return self.node.averaging.round_limit(matchmaking_time=self.config.matchmaking_time,
+        return self.node.allreduce.round_limit(matchmaking_time=self.config.matchmaking_time,
                                                config=self.config.allreduce)
 
     def wait(self, future: concurrent.futures.Future[AllReduceResult]

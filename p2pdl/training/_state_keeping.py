@@ -11,12 +11,12 @@ onto the devices of this peer's parameters and optimizer state.
 :class:`StateKeeper` holds the epoch with it and does everything that moves
 the state in or out of this peer:
 
-* offer it to joiners after each global step (``node.state_sync.share``);
+* offer it to joiners after each global step (``node.statesync.share``);
 * download the one the donors agree on when this peer is behind (catch-up),
   up to the progress quorum's epoch + 1; it never trains on at the swarm's
   epoch with parameters of its own (unless ``state_sync=False``);
 * after a failed or partial round, compare digests with the peers at the
-  same epoch (``node.state_sync.offers``) and download the agreed one if
+  same epoch (``node.statesync.offers``) and download the agreed one if
   this peer's differs (the consistency check);
 * when the peers at an epoch agree on no state, download every state they
   offer and merge them (``_merge``): every peer that does so from the same
@@ -202,13 +202,13 @@ class StateKeeper:
         if not force and self.epoch % self.config.share_state_every:
             return
         payload = self.serialized()
-        self.node.state_sync.share(self.run_id, self.epoch, payload)
+        self.node.statesync.share(self.run_id, self.epoch, payload)
         self._shared_digest = (self.epoch, hashlib.sha256(payload).digest())
         self._counters["shared"] += 1
 
     def unshare(self) -> None:
         """Stop offering the state (NodeClosedError when the node is gone)."""
-        self.node.state_sync.unshare(self.run_id)
+        self.node.statesync.unshare(self.run_id)
 
     def after_step(self) -> None:
         """A global step was taken: share the new state, checkpoint it when due; a state
@@ -241,7 +241,7 @@ class StateKeeper:
                         min_epoch)
             return False
         try:
-            download = self.node.state_sync.fetch(
+            download = self.node.statesync.fetch(
                 self.run_id, [ID(d) for d in donors], min_epoch=min_epoch,
                 max_epoch=max_epoch, timeout=timeout or self.config.sync_timeout)
             if hashlib.sha256(download.payload).digest() != download.digest:
@@ -303,7 +303,7 @@ class StateKeeper:
         donors, max_epoch = _donors(tracker, min_epoch)
         if len(donors) < 2:
             return False
-        offers = self.node.state_sync.offers(self.run_id, [ID(d) for d in donors])
+        offers = self.node.statesync.offers(self.run_id, [ID(d) for d in donors])
         epochs = sorted({e for e, _ in offers.values() if min_epoch <= e <= max_epoch},
                         reverse=True)
         for epoch in epochs:
@@ -366,7 +366,7 @@ class StateKeeper:
     def _fetch_exact(self, epoch: int, digest: bytes, donors: list[ID]) -> dict[str, Any]:
         """The state of ``digest`` at ``epoch`` from ``donors``, checked (StateSyncError,
         ConfigError)."""
-        download = self.node.state_sync.fetch(self.run_id, donors, min_epoch=epoch,
+        download = self.node.statesync.fetch(self.run_id, donors, min_epoch=epoch,
                                               digest=digest, timeout=self.config.sync_timeout)
         if hashlib.sha256(download.payload).digest() != digest:
             raise StateSyncError("a downloaded state does not match its digest")
@@ -416,7 +416,7 @@ class StateKeeper:
         """Is this peer's state the swarm's?  True if it was replaced by the agreed one.
 
         Every peer at this epoch that serves state says its state's digest
-        (``node.state_sync.offers``).  They and this peer vote
+        (``node.statesync.offers``).  They and this peer vote
         (``p2pdl.statesync.vote_on_state``): the digest that at least two
         hold, and more than half, wins.  With none (no tie rule: a liar could
         win a split by grinding a small digest), this peer merges the offered
@@ -433,7 +433,7 @@ class StateKeeper:
         give_up = self._checks >= (SPLIT_CHECKS if self._routine else MAX_CHECKS)
         donors = [r.peer_id for r in tracker.peers()
                   if r.epoch == self.epoch and not r.client_mode and not r.auxiliary]
-        offers = self.node.state_sync.offers(self.run_id, [ID(d) for d in donors]) \
+        offers = self.node.statesync.offers(self.run_id, [ID(d) for d in donors]) \
             if donors else {}
         same = {peer: digest for peer, (epoch, digest) in offers.items() if epoch == self.epoch}
         if len(same) + 1 < self._expected and self._checks < SPLIT_CHECKS:
@@ -485,7 +485,7 @@ class StateKeeper:
                        "after a failed or partial round; downloading theirs", self.run_id,
                        self.epoch, agreed, len(same) + 1)
         try:
-            download = self.node.state_sync.fetch(self.run_id, holders, min_epoch=self.epoch,
+            download = self.node.statesync.fetch(self.run_id, holders, min_epoch=self.epoch,
                                                   digest=winner,
                                                   timeout=self.config.sync_timeout)
             self.load(torch.load(io.BytesIO(download.payload), map_location="cpu",

@@ -19,7 +19,7 @@ from p2pdl.dht._service import COUNTERS, _batches
 from p2pdl.dht._validation import sign
 from p2pdl.dht.config import MAX_STORE_ITEMS, STORE_BATCH_BYTES
 from p2pdl.errors import LocalProtocolError, RemoteError, StreamClosedError
-from p2pdl.nat import ReachabilityConfig
+from p2pdl.nat import NatConfig
 from p2pdl.testing import (
     open_memory_nodes,
     open_memory_swarm,
@@ -156,7 +156,7 @@ async def test_expired_records_are_gone_everywhere(autojump_clock):
 
 
 async def test_client_mode_nodes_use_the_dht_but_are_in_no_routing_table(autojump_clock):
-    clients_config = dataclasses.replace(NodeConfig(), nat=ReachabilityConfig(client_mode=True))
+    clients_config = dataclasses.replace(NodeConfig(), nat=NatConfig(client_mode=True))
     async with open_memory_swarm() as swarm:
         servers = await swarm.add_nodes(4)
         await wait_for_dht(servers)

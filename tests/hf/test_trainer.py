@@ -103,17 +103,18 @@ def test_collaborate_refuses_what_it_cannot_make_collaborative(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_peers_train_a_gpt2_through_the_trainer_and_end_identical():
-    epochs = "6"
+def test_two_peers_train_a_gpt2_through_the_trainer_and_end_identical(tmp_path):
+    epochs = "6"   # (run in tmp_path: the Trainer writes its output_dir there)
     first = subprocess.Popen([sys.executable, str(EXAMPLE), epochs, "0"], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, env=ENV)
+                             stderr=subprocess.PIPE, text=True, env=ENV, cwd=tmp_path)
     try:
         assert first.stdout is not None
         line = first.stdout.readline()
         assert line.startswith("peer:"), line + first.stderr.read()[-2000:]
         address = next(a for a in line.split()[1:] if a.startswith("/ip4/127.0.0.1/"))
         second = subprocess.run([sys.executable, str(EXAMPLE), epochs, "1", address],
-                                capture_output=True, text=True, env=ENV, timeout=240)
+                                capture_output=True, text=True, env=ENV, timeout=240,
+                                cwd=tmp_path)
         rest, errors = first.communicate(timeout=240)
     finally:
         first.kill()

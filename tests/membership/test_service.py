@@ -63,7 +63,7 @@ def guard(nodes, authority, run_id=RUN):
 RUN_REQUESTS = {
     "progress": (PROGRESS_PROTOCOL, Push(RUN, ())),
     "matchmaking": (MATCHMAKING_PROTOCOL, Join(RUN, 3, 4, False, 1.0)),
-    "state_sync": (STATESYNC_PROTOCOL, GetManifest(RUN)),
+    "statesync": (STATESYNC_PROTOCOL, GetManifest(RUN)),
     "dht snapshot": (DHT_PROTOCOL, FindValue(SNAPSHOT_PREFIX + RUN)),
     "dht rendezvous": (DHT_PROTOCOL, FindValue(GROUP_PREFIX + round_key(RUN, 3))),
     "dht store": (DHT_PROTOCOL, Store(SNAPSHOT_PREFIX + RUN,
@@ -74,7 +74,7 @@ RUN_REQUESTS = {
 def served_state(node):
     """What a node's services hold: unchanged by anything an outsider sends."""
     stats = node.statistics()
-    return {name: stats[name].as_dict() for name in ("progress", "matchmaking", "state_sync")} | {
+    return {name: stats[name].as_dict() for name in ("progress", "matchmaking", "statesync")} | {
         "records": len(node.dht.local_store), "members": node.membership.members(RUN)}
 
 
@@ -119,12 +119,12 @@ async def test_the_all_reduce_refuses_an_outsider_and_members_average(autojump_c
         await nodes[0].membership.introduce(nodes[1].peer_id, RUN)
 
         async def one(i):
-            results[i] = await nodes[i].averaging.all_reduce(group, xs[i], config=exact)
+            results[i] = await nodes[i].allreduce.all_reduce(group, xs[i], config=exact)
 
         async with trio.open_nursery() as nursery:
             for i in range(3):
                 nursery.start_soon(one, i)
-        assert nodes[0].averaging.statistics()["streams_rejected"] >= 1
+        assert nodes[0].allreduce.statistics()["streams_rejected"] >= 1
         for i in (0, 1):
             part = results[i].parts[i]
             assert part.completed
@@ -143,7 +143,7 @@ async def test_members_of_a_certificate_run_form_groups_and_average(autojump_clo
         async def one(i):
             try:
                 results[i] = await average_round(
-                    nodes[i].matchmaking, nodes[i].averaging, RUN, 1,
+                    nodes[i].matchmaking, nodes[i].allreduce, RUN, 1,
                     [torch.full((100,), float(i))], weight=1.0, target_group_size=4,
                     matchmaking_time=10.0, on_group=lambda g: groups.setdefault(i, g))
             except MatchmakingFailedError as exc:
@@ -424,7 +424,7 @@ async def test_an_outsider_announced_under_the_run_key_delays_no_round(monkeypat
             async def one(i, epoch=epoch, results=results, groups=groups):
                 try:
                     results[i] = await average_round(
-                        members[i].matchmaking, members[i].averaging, RUN, epoch,
+                        members[i].matchmaking, members[i].allreduce, RUN, epoch,
                         [torch.full((100,), float(i))], weight=1.0, target_group_size=4,
                         matchmaking_time=10.0, on_group=lambda g: groups.setdefault(i, g))
                 except MatchmakingFailedError as exc:

@@ -12,13 +12,13 @@ from p2pdl import NodeConfig, RemoteError, open_node
 from p2pdl.nat import (
     DIALBACK,
     DialBackRequest,
+    NatConfig,
     Reachability,
-    ReachabilityConfig,
     ReachabilityTracker,
 )
 from p2pdl.testing import LOOPBACK, open_nodes
 
-CONFIG = ReachabilityConfig(min_failures=2, result_ttl=100)
+CONFIG = NatConfig(min_failures=2, result_ttl=100)
 
 
 # -- the tracker (sans-IO) -----------------------------------------------------------------
@@ -102,7 +102,7 @@ async def test_a_dead_announced_address_is_never_public(announce):
 
 
 async def test_dial_back_server_bounds():
-    config = dataclasses.replace(NodeConfig(), nat=ReachabilityConfig(
+    config = dataclasses.replace(NodeConfig(), nat=NatConfig(
         enabled=False, server_min_interval=30, max_addrs=2))
     async with open_nodes(2, config) as (a, b):
         good = b.addrs[0]
@@ -118,6 +118,6 @@ async def test_dial_back_server_bounds():
 
 async def test_client_mode_can_be_forced():
     config = dataclasses.replace(NodeConfig.build(listen=LOOPBACK),
-                                 nat=ReachabilityConfig(client_mode=True))
+                                 nat=NatConfig(client_mode=True))
     async with open_node(config) as node:
         assert node.client_mode

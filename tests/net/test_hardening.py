@@ -21,7 +21,7 @@ from libp2p.utils.varint import encode_uvarint
 
 from p2pdl import NodeConfig, open_node
 from p2pdl.errors import PeerUnreachableError, StreamClosedError
-from p2pdl.nat import ReachabilityConfig
+from p2pdl.nat import NatConfig
 from p2pdl.net import HostConfig, open_host
 from p2pdl.net._hardening import MAX_MULTISTREAM_MESSAGES
 from p2pdl.testing import LOOPBACK
@@ -35,7 +35,7 @@ HOP = "/libp2p/circuit/relay/0.2.0/hop"
 def node_config(**fields) -> NodeConfig:
     # No dial-back probing: its streams are not what these tests count.
     return dataclasses.replace(NodeConfig.build(listen=LOOPBACK, **fields),
-                               nat=ReachabilityConfig(enabled=False))
+                               nat=NatConfig(enabled=False))
 
 
 def delimited(message: bytes) -> bytes:

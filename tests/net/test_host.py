@@ -25,7 +25,7 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from p2pdl import NodeConfig, open_node
 from p2pdl.errors import ConfigError, IdentityError, PeerUnreachableError
-from p2pdl.nat import ReachabilityConfig
+from p2pdl.nat import NatConfig
 from p2pdl.net import BackoffPolicy, load_identity, load_or_create_identity
 from p2pdl.testing import LOOPBACK, open_nodes
 
@@ -233,7 +233,7 @@ def create_new_key_pair_id() -> str:
 async def test_inbound_streams_per_peer_are_bounded():
     # no dial-back probing: its RPC streams would count against the limit too
     config = dataclasses.replace(NodeConfig.build(max_inbound_streams_per_peer=3),
-                                 nat=ReachabilityConfig(enabled=False))
+                                 nat=NatConfig(enabled=False))
     async with open_nodes(2, config) as (a, b):
         hold = trio.Event()
         opened = []

@@ -20,7 +20,7 @@ from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.utils.varint import read_length_prefixed_protobuf
 
 from p2pdl import NodeConfig, open_node
-from p2pdl.nat import ReachabilityConfig
+from p2pdl.nat import NatConfig
 from p2pdl.net import BackoffPolicy
 from p2pdl.net._interop import relayed_observed_addr
 from p2pdl.net._relay import is_circuit
@@ -33,7 +33,7 @@ def private_config(relays: list[str]) -> NodeConfig:
     config = NodeConfig.build(listen=LOOPBACK, initial_peers=relays, reservation_retry=FAST,
                               reconnect_check_interval=0.2, initial_peer_backoff=FAST,
                               relay_reservations=1, hole_punching=False)
-    return dataclasses.replace(config, nat=ReachabilityConfig(enabled=False))
+    return dataclasses.replace(config, nat=NatConfig(enabled=False))
 
 
 async def test_identify_over_a_relayed_connection_reports_the_relay_path():

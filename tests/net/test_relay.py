@@ -15,7 +15,7 @@ from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import PeerInfo
 
 from p2pdl import NodeConfig, open_node
-from p2pdl.nat import ReachabilityConfig
+from p2pdl.nat import NatConfig
 from p2pdl.net import BackoffPolicy
 from p2pdl.net._relay import NOT_A_RELAY_RETRY, ReservationBook, is_circuit
 from p2pdl.testing import LOOPBACK, wait_until
@@ -73,7 +73,7 @@ def private_config(relays: list[str], **fields) -> NodeConfig:
     public and drop them, so the reachability check is off (it stays unknown)."""
     config = NodeConfig.build(listen=LOOPBACK, initial_peers=relays, reservation_retry=FAST,
                               reconnect_check_interval=0.2, initial_peer_backoff=FAST, **fields)
-    return dataclasses.replace(config, nat=ReachabilityConfig(enabled=False))
+    return dataclasses.replace(config, nat=NatConfig(enabled=False))
 
 
 async def test_private_node_reserves_and_is_reached_through_the_relay():

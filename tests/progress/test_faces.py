@@ -53,14 +53,14 @@ def test_sync_nodes_track_progress_and_form_a_group():
         import torch
         values = {a: [torch.full((1000,), 1.0)], b: [torch.full((1000,), 4.0)]}
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            results = list(pool.map(lambda n: n.averaging.all_reduce(
+            results = list(pool.map(lambda n: n.allreduce.all_reduce(
                 groups[0], values[n], weight=2.0 if n is a else 1.0, inplace=True), (a, b)))
         assert all(r.completed for r in results)
         # the default rule (CenteredClip) counts a's claim of 2 as the median's 1:
         # two members are averaged as they are, (1 + 4) / 2
         assert torch.allclose(values[a][0], torch.full((1000,), 2.5))
         assert torch.equal(values[a][0], values[b][0])
-        assert a.averaging.statistics()["completed"] == 1
+        assert a.allreduce.statistics()["completed"] == 1
 
 
 def test_asyncio_faces():
@@ -79,8 +79,8 @@ def test_asyncio_faces():
             assert groups[0] == groups[1] and len(groups[0]) == 2
             import torch
             results = await asyncio.gather(
-                a.aio.averaging.all_reduce(groups[0], [torch.zeros(10)]),
-                b.aio.averaging.all_reduce(groups[0], [torch.ones(10)]))
+                a.aio.allreduce.all_reduce(groups[0], [torch.zeros(10)]),
+                b.aio.allreduce.all_reduce(groups[0], [torch.ones(10)]))
             assert all(r.completed for r in results)
             assert torch.equal(results[0].tensors[0], torch.full((10,), 0.5))
 

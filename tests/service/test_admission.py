@@ -178,14 +178,14 @@ async def test_the_all_reduce_refuses_a_sender_the_gate_refuses():
         results = {}
 
         async def one(i):
-            results[i] = await nodes[i].averaging.all_reduce(group, xs[i], config=exact)
+            results[i] = await nodes[i].allreduce.all_reduce(group, xs[i], config=exact)
 
         async with trio.open_nursery() as nursery:
             for i in range(3):
                 nursery.start_soon(one, i)
 
         assert (outsider.peer_id, ALLREDUCE_PROTOCOL_ID, RUN) in gate.asked
-        assert gated.averaging.statistics()["streams_rejected"] >= 1
+        assert gated.allreduce.statistics()["streams_rejected"] >= 1
         # The gated node's own part was averaged without the refused sender ...
         part = results[0].parts[0]
         assert part.completed

@@ -47,7 +47,7 @@ SMALL = StateSyncConfig(chunk_size=64 * KiB, max_state_bytes=256 * MiB)
 
 
 def with_state_sync(config: StateSyncConfig) -> NodeConfig:
-    return dataclasses.replace(NodeConfig(), state_sync=config)
+    return dataclasses.replace(NodeConfig(), statesync=config)
 
 
 async def _run_node(config: NodeConfig, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -73,14 +73,14 @@ async def open_swarm(donors: int, config: StateSyncConfig | None = None
 
 def corrupt(node: p2pdl.TrioNode, run_id: str) -> None:
     """Make ``node`` serve chunks that do not match its manifest."""
-    kept = node.state_sync._table._runs[run_id]
+    kept = node.statesync._table._runs[run_id]
     snapshot = kept[0]
     kept[0] = dataclasses.replace(snapshot, payload=bytes(b ^ 0x5A for b in snapshot.payload))
 
 
 def count_chunks(node: p2pdl.TrioNode, on_chunk) -> None:
     """Call ``on_chunk(n)`` before ``node`` answers its n-th chunk request (from 1)."""
-    answer = node.state_sync._answer
+    answer = node.statesync._answer
     served = [0]
 
     def wrapped(ctx, request):
@@ -89,26 +89,26 @@ def count_chunks(node: p2pdl.TrioNode, on_chunk) -> None:
             on_chunk(served[0])
         return answer(ctx, request)
 
-    node.state_sync._answer = wrapped
+    node.statesync._answer = wrapped
 
 
 async def test_three_donors_share_the_download():
     async with open_swarm(3) as (fetcher, donors, _):
         for donor in donors:
-            donor.state_sync.share(RUN, 4, PAYLOAD)
-        download = await fetcher.state_sync.fetch(RUN, [d.peer_id for d in donors], timeout=20)
+            donor.statesync.share(RUN, 4, PAYLOAD)
+        download = await fetcher.statesync.fetch(RUN, [d.peer_id for d in donors], timeout=20)
         assert isinstance(download, StateDownload)
         assert download.payload == PAYLOAD and download.epoch == 4
         assert download.chunks == 7 and download.resumed_chunks == 0
         assert set(download.donors) == {d.peer_id for d in donors}
-        served = [d.state_sync.statistics()["chunks_served"] for d in donors]
+        served = [d.statesync.statistics()["chunks_served"] for d in donors]
         assert sum(served) == 7 and min(served) >= 2, served
-        stats = fetcher.statistics()["state_sync"]
+        stats = fetcher.statistics()["statesync"]
         assert set(STATESYNC_COUNTERS) <= set(stats)
         assert stats["chunks_fetched"] == 7 and stats["bytes_fetched"] == len(PAYLOAD)
         assert stats["fetches_completed"] == 1 and stats["chunk_failures"] == 0
         assert stats["partial_downloads"] == 0 and stats["fetching"] == []
-        assert donors[0].state_sync.statistics()["runs"] == [RUN]
+        assert donors[0].statesync.statistics()["runs"] == [RUN]
         assert repr(download).count("payload") == 0  # the payload is not printed
 
 
@@ -116,36 +116,36 @@ async def test_offers_list_each_donors_digest_and_fetch_takes_the_one_asked():
     import hashlib
     other = os.urandom(200 * KiB)
     async with open_swarm(3) as (fetcher, donors, _):
-        donors[0].state_sync.share(RUN, 4, PAYLOAD)
-        donors[1].state_sync.share(RUN, 4, PAYLOAD)
-        donors[2].state_sync.share(RUN, 4, other)
-        offers = await fetcher.state_sync.offers(RUN, [d.peer_id for d in donors]
+        donors[0].statesync.share(RUN, 4, PAYLOAD)
+        donors[1].statesync.share(RUN, 4, PAYLOAD)
+        donors[2].statesync.share(RUN, 4, other)
+        offers = await fetcher.statesync.offers(RUN, [d.peer_id for d in donors]
                                                  + [fetcher.peer_id])
         assert offers == {donors[0].peer_id: (4, hashlib.sha256(PAYLOAD).digest()),
                           donors[1].peer_id: (4, hashlib.sha256(PAYLOAD).digest()),
                           donors[2].peer_id: (4, hashlib.sha256(other).digest())}
         # the majority wins without a digest; the minority's state when asked for
-        download = await fetcher.state_sync.fetch(RUN, [d.peer_id for d in donors], timeout=20,
+        download = await fetcher.statesync.fetch(RUN, [d.peer_id for d in donors], timeout=20,
                                                   digest=hashlib.sha256(other).digest())
         assert download.payload == other and download.donors == (donors[2].peer_id,)
         with pytest.raises(StateSyncError):
-            await fetcher.state_sync.fetch(RUN, [d.peer_id for d in donors], timeout=20,
+            await fetcher.statesync.fetch(RUN, [d.peer_id for d in donors], timeout=20,
                                            digest=bytes(32))
         with pytest.raises(ConfigError):
-            await fetcher.state_sync.fetch(RUN, [donors[0].peer_id], digest=b"short")
-        assert await fetcher.state_sync.offers("no-such-run", [donors[0].peer_id]) == {}
+            await fetcher.statesync.fetch(RUN, [donors[0].peer_id], digest=b"short")
+        assert await fetcher.statesync.offers("no-such-run", [donors[0].peer_id]) == {}
 
 
 async def test_a_donor_serving_corrupt_chunks_is_dropped():
     async with open_swarm(3, SMALL) as (fetcher, donors, _):
         for donor in donors:
-            donor.state_sync.share(RUN, 2, PAYLOAD)
+            donor.statesync.share(RUN, 2, PAYLOAD)
         corrupt(donors[1], RUN)
-        download = await fetcher.state_sync.fetch(RUN, [d.peer_id for d in donors], timeout=20)
+        download = await fetcher.statesync.fetch(RUN, [d.peer_id for d in donors], timeout=20)
         assert download.payload == PAYLOAD
         assert donors[1].peer_id not in download.donors
         assert set(download.donors) == {donors[0].peer_id, donors[2].peer_id}
-        stats = fetcher.state_sync.statistics()
+        stats = fetcher.statesync.statistics()
         assert stats["bad_chunks"] >= 1 and stats["donors_dropped"] == 1
 
 
@@ -154,30 +154,30 @@ async def test_a_manifest_that_lies_about_the_digest_loses_its_donors(monkeypatc
     monkeypatch.setattr(ss_fetcher, "THREAD_HASH_THRESHOLD", 1024)
     async with open_swarm(3, SMALL) as (fetcher, donors, _):
         for donor in donors:
-            donor.state_sync.share(RUN, 2, PAYLOAD)
+            donor.statesync.share(RUN, 2, PAYLOAD)
         # Two donors offer a manifest whose chunks are right but whose digest is
         # not the payload's: they outvote the honest one, and the whole fails.
         for liar in donors[:2]:
-            kept = liar.state_sync._table._runs[RUN]
+            kept = liar.statesync._table._runs[RUN]
             kept[0] = dataclasses.replace(kept[0], manifest=dataclasses.replace(
                 kept[0].manifest, digest=bytes(32)))
-        download = await fetcher.state_sync.fetch(RUN, [d.peer_id for d in donors], timeout=20)
+        download = await fetcher.statesync.fetch(RUN, [d.peer_id for d in donors], timeout=20)
         assert download.payload == PAYLOAD and download.donors == (donors[2].peer_id,)
         # The liars caught, the honest donor is the only one left: unconfirmed.
         assert not download.confirmed and download.agreeing == 1
-        stats = fetcher.state_sync.statistics()
+        stats = fetcher.statesync.statistics()
         assert stats["bad_manifests"] == 2 and stats["manifest_requests"] == 4
         for liar in donors[:2]:
             assert fetcher.flags.count(liar.peer_id, "state_digest_mismatch") == 1
         assert fetcher.flags.count(donors[2].peer_id) == 0
         # Not used again at this epoch: they are not even asked for chunks.
         with pytest.raises(StateSyncError, match="caught lying at epoch 2"):
-            await fetcher.state_sync.fetch(RUN, [d.peer_id for d in donors[:2]], timeout=20)
-        assert fetcher.state_sync.statistics()["bad_manifests"] == 2
+            await fetcher.statesync.fetch(RUN, [d.peer_id for d in donors[:2]], timeout=20)
+        assert fetcher.statesync.statistics()["bad_manifests"] == 2
 
 
 def served(node: p2pdl.TrioNode) -> tuple[int, int]:
-    stats = node.state_sync.statistics()
+    stats = node.statesync.statistics()
     return stats["manifests_served"], stats["chunks_served"]
 
 
@@ -187,11 +187,11 @@ async def test_a_lying_donor_among_two_honest_ones_is_outvoted_flagged_and_not_u
     poison = os.urandom(len(PAYLOAD))   # as big as the honest state: only the vote tells
     async with open_swarm(3, SMALL) as (fetcher, donors, _):
         liar, honest = donors[0], donors[1:]
-        liar.state_sync.share(RUN, liar_epoch, poison)
+        liar.statesync.share(RUN, liar_epoch, poison)
         for donor in honest:
-            donor.state_sync.share(RUN, 4, PAYLOAD)
+            donor.statesync.share(RUN, 4, PAYLOAD)
         ids = [d.peer_id for d in donors]
-        download = await fetcher.state_sync.fetch(RUN, ids, min_epoch=4, max_epoch=5,
+        download = await fetcher.statesync.fetch(RUN, ids, min_epoch=4, max_epoch=5,
                                                   timeout=20)
         assert download.payload == PAYLOAD and download.epoch == 4
         assert download.confirmed and download.agreeing == 2
@@ -199,102 +199,102 @@ async def test_a_lying_donor_among_two_honest_ones_is_outvoted_flagged_and_not_u
         assert served(liar)[1] == 0   # no chunk of the poison was asked for
         assert fetcher.flags.count(liar.peer_id, "state_lost_vote") == 1
         assert [fetcher.flags.count(d.peer_id) for d in honest] == [0, 0]
-        stats = fetcher.state_sync.statistics()
+        stats = fetcher.statesync.statistics()
         assert stats["donors_flagged"] == 1 and stats["offers_excluded"] == 0
         # Again at this epoch: the liar's offer is not counted, and it is not flagged twice.
-        again = await fetcher.state_sync.fetch(RUN, ids, min_epoch=4, max_epoch=5, timeout=20)
+        again = await fetcher.statesync.fetch(RUN, ids, min_epoch=4, max_epoch=5, timeout=20)
         assert again.payload == PAYLOAD and served(liar)[1] == 0
-        assert fetcher.state_sync.statistics()["offers_excluded"] == 1
+        assert fetcher.statesync.statistics()["offers_excluded"] == 1
         assert fetcher.flags.count(liar.peer_id) == 1
         # Without the liar's vote the honest pair still needs each other: one of
         # them alone is not taken while the other offers another state.
-        honest[1].state_sync.share(RUN, 5, os.urandom(100 * KiB))
+        honest[1].statesync.share(RUN, 5, os.urandom(100 * KiB))
         with pytest.raises(StateSyncError, match="agreeing"):
-            await fetcher.state_sync.fetch(RUN, ids, min_epoch=4, max_epoch=5, timeout=20)
+            await fetcher.statesync.fetch(RUN, ids, min_epoch=4, max_epoch=5, timeout=20)
 
 
 async def test_colluding_liars_past_the_quorum_are_ignored_but_win_without_a_limit():
     poison = os.urandom(200 * KiB)
     async with open_swarm(4, SMALL) as (fetcher, donors, _):
         for liar in donors[:2]:
-            liar.state_sync.share(RUN, 900, poison)
+            liar.statesync.share(RUN, 900, poison)
         for donor in donors[2:]:
-            donor.state_sync.share(RUN, 7, PAYLOAD)
+            donor.statesync.share(RUN, 7, PAYLOAD)
         ids = [d.peer_id for d in donors]
         # A fetch that is told nothing of the run's epoch takes the newest agreement.
-        unlimited = await fetcher.state_sync.fetch(RUN, ids, timeout=20)
+        unlimited = await fetcher.statesync.fetch(RUN, ids, timeout=20)
         assert unlimited.payload == poison and unlimited.epoch == 900
         assert fetcher.flags.flagged() == {}
-        download = await fetcher.state_sync.fetch(RUN, ids, min_epoch=7, max_epoch=8,
+        download = await fetcher.statesync.fetch(RUN, ids, min_epoch=7, max_epoch=8,
                                                   timeout=20)
         assert download.payload == PAYLOAD
         assert [fetcher.flags.count(d.peer_id, "state_lost_vote") for d in donors] == \
             [1, 1, 0, 0]
         # Caught at epoch 900: not used for it again, even by a fetch without a limit.
         with pytest.raises(StateSyncError, match="caught lying at epoch 900"):
-            await fetcher.state_sync.fetch(RUN, ids[:2], timeout=20)
+            await fetcher.statesync.fetch(RUN, ids[:2], timeout=20)
 
 
 async def test_a_donor_whose_chunks_do_not_match_its_offer_is_flagged_and_not_used_again():
     async with open_swarm(3, SMALL) as (fetcher, donors, _):
         for donor in donors:
-            donor.state_sync.share(RUN, 2, PAYLOAD)
+            donor.statesync.share(RUN, 2, PAYLOAD)
         corrupt(donors[1], RUN)   # offers PAYLOAD's digest, serves other bytes
         ids = [d.peer_id for d in donors]
-        download = await fetcher.state_sync.fetch(RUN, ids, timeout=20)
+        download = await fetcher.statesync.fetch(RUN, ids, timeout=20)
         assert download.payload == PAYLOAD and donors[1].peer_id not in download.donors
         assert fetcher.flags.count(donors[1].peer_id, "state_digest_mismatch") == 1
         assert fetcher.flags.count(donors[0].peer_id) == fetcher.flags.count(
             donors[2].peer_id) == 0
         chunks = served(donors[1])[1]
-        again = await fetcher.state_sync.fetch(RUN, ids, timeout=20)
+        again = await fetcher.statesync.fetch(RUN, ids, timeout=20)
         assert again.payload == PAYLOAD and served(donors[1])[1] == chunks
         assert again.confirmed and again.agreeing == 2
         # At another epoch it is asked again (and caught again).
         for donor in donors:
-            donor.state_sync.share(RUN, 3, PAYLOAD[::-1])
+            donor.statesync.share(RUN, 3, PAYLOAD[::-1])
         corrupt(donors[1], RUN)
-        third = await fetcher.state_sync.fetch(RUN, ids, min_epoch=3, timeout=20)
+        third = await fetcher.statesync.fetch(RUN, ids, min_epoch=3, timeout=20)
         assert third.payload == PAYLOAD[::-1]
         assert fetcher.flags.count(donors[1].peer_id, "state_digest_mismatch") == 2
 
 
 async def test_a_lone_donor_is_taken_unconfirmed_and_logged(caplog):
     async with open_swarm(2) as (fetcher, donors, _):
-        donors[0].state_sync.share(RUN, 3, PAYLOAD)
+        donors[0].statesync.share(RUN, 3, PAYLOAD)
         ids = [d.peer_id for d in donors]   # the other donor offers nothing of the run
         with caplog.at_level("WARNING", logger="p2pdl.statesync._fetcher"):
-            download = await fetcher.state_sync.fetch(RUN, ids, min_epoch=3, timeout=20)
+            download = await fetcher.statesync.fetch(RUN, ids, min_epoch=3, timeout=20)
         assert download.payload == PAYLOAD and not download.confirmed
         assert download.agreeing == 1
         assert any("only one donor" in r.getMessage() and "unconfirmed" in r.getMessage()
                    for r in caplog.records if r.levelname == "WARNING")
-        assert fetcher.state_sync.statistics()["lone_donor_fetches"] == 1
+        assert fetcher.statesync.statistics()["lone_donor_fetches"] == 1
         # Two donors that disagree: nobody wins, nobody is flagged.
-        donors[1].state_sync.share(RUN, 3, PAYLOAD[::-1])
+        donors[1].statesync.share(RUN, 3, PAYLOAD[::-1])
         with pytest.raises(StateSyncError, match="at least 2 agreeing donors"):
-            await fetcher.state_sync.fetch(RUN, ids, min_epoch=3, timeout=20)
+            await fetcher.statesync.fetch(RUN, ids, min_epoch=3, timeout=20)
         assert fetcher.flags.flagged() == {}
-        assert fetcher.state_sync.statistics()["votes_failed"] == 1
+        assert fetcher.statesync.statistics()["votes_failed"] == 1
 
 
 async def test_a_donor_dying_mid_download_is_replaced():
     async with open_swarm(3, SMALL) as (fetcher, donors, scopes):
         for donor in donors:
-            donor.state_sync.share(RUN, 2, PAYLOAD)
+            donor.statesync.share(RUN, 2, PAYLOAD)
         # The donor dies as it is asked for its third chunk: the requests it holds fail.
         count_chunks(donors[0], lambda n: n == 3 and scopes[0].cancel())
-        download = await fetcher.state_sync.fetch(RUN, [d.peer_id for d in donors], timeout=20)
+        download = await fetcher.statesync.fetch(RUN, [d.peer_id for d in donors], timeout=20)
         assert download.payload == PAYLOAD and download.chunks == 49
-        stats = fetcher.state_sync.statistics()
+        stats = fetcher.statesync.statistics()
         assert stats["chunk_failures"] >= 1 and stats["donors_dropped"] >= 1
         assert {donors[1].peer_id, donors[2].peer_id} <= set(download.donors)
 
 
 async def test_an_interrupted_download_resumes():
     async with open_swarm(1, SMALL) as (fetcher, donors, _):
-        donors[0].state_sync.share(RUN, 6, PAYLOAD)
-        service = fetcher.state_sync
+        donors[0].statesync.share(RUN, 6, PAYLOAD)
+        service = fetcher.statesync
         call = service._call
         let_through = [6]   # chunk requests answered before the rest hang
 
@@ -334,20 +334,20 @@ async def test_an_interrupted_download_resumes():
 async def test_a_donor_moving_on_makes_the_fetcher_read_manifests_again():
     async with open_swarm(1, SMALL) as (fetcher, donors, _):
         donor = donors[0]
-        donor.state_sync.share(RUN, 1, PAYLOAD)
+        donor.statesync.share(RUN, 1, PAYLOAD)
         newer = os.urandom(200 * KiB)
 
         def move_on(n: int) -> None:
             if n == 3:  # two newer epochs: the one being fetched is no longer kept
-                donor.state_sync.share(RUN, 2, os.urandom(100 * KiB))
-                donor.state_sync.share(RUN, 3, newer)
+                donor.statesync.share(RUN, 2, os.urandom(100 * KiB))
+                donor.statesync.share(RUN, 3, newer)
 
         count_chunks(donor, move_on)
-        download = await fetcher.state_sync.fetch(RUN, [donor.peer_id], timeout=20)
+        download = await fetcher.statesync.fetch(RUN, [donor.peer_id], timeout=20)
         assert download.epoch == 3 and download.payload == newer
-        stats = fetcher.state_sync.statistics()
+        stats = fetcher.statesync.statistics()
         assert stats["gone_answers"] >= 1 and stats["manifest_requests"] == 2
-        assert donor.state_sync.statistics()["snapshots_dropped"] == 1
+        assert donor.statesync.statistics()["snapshots_dropped"] == 1
 
 
 async def test_busy_donors_are_retried_later(monkeypatch):
@@ -367,39 +367,39 @@ async def test_busy_donors_are_retried_later(monkeypatch):
     monkeypatch.setattr(FramedStream, "_write", slow_write)
     async with open_swarm(2, config) as (fetcher, donors, _):
         for donor in donors:
-            donor.state_sync.share(RUN, 1, PAYLOAD)
-        download = await fetcher.state_sync.fetch(RUN, [d.peer_id for d in donors], timeout=20)
+            donor.statesync.share(RUN, 1, PAYLOAD)
+        download = await fetcher.statesync.fetch(RUN, [d.peer_id for d in donors], timeout=20)
         assert download.payload == PAYLOAD
-        refused = sum(d.state_sync.statistics()["busy_refusals"] for d in donors)
+        refused = sum(d.statesync.statistics()["busy_refusals"] for d in donors)
         assert refused >= 1  # two of a fetcher's requests arrive before a reply is written
-        assert fetcher.state_sync.statistics()["busy_answers"] == refused
+        assert fetcher.statesync.statistics()["busy_answers"] == refused
 
 
 async def test_nothing_suitable_offered_is_a_state_sync_error():
     async with open_swarm(2) as (fetcher, donors, _):
         ids = [d.peer_id for d in donors]
         with pytest.raises(StateSyncError, match="no donor offers.*refused unknown_run"):
-            await fetcher.state_sync.fetch(RUN, ids, timeout=10)
+            await fetcher.statesync.fetch(RUN, ids, timeout=10)
         with pytest.raises(StateSyncError, match="no donor"):
-            await fetcher.state_sync.fetch(RUN, [], timeout=10)
+            await fetcher.statesync.fetch(RUN, [], timeout=10)
         with pytest.raises(StateSyncError, match="no donor"):
-            await fetcher.state_sync.fetch(RUN, [fetcher.peer_id], timeout=10)  # itself
-        donors[0].state_sync.share(RUN, 3, b"state")
+            await fetcher.statesync.fetch(RUN, [fetcher.peer_id], timeout=10)  # itself
+        donors[0].statesync.share(RUN, 3, b"state")
         with pytest.raises(StateSyncError, match="epoch 4 or newer.*offered epochs: 3"):
-            await fetcher.state_sync.fetch(RUN, ids, min_epoch=4, timeout=10)
-        download = await fetcher.state_sync.fetch(RUN, ids, min_epoch=3, timeout=10)
+            await fetcher.statesync.fetch(RUN, ids, min_epoch=4, timeout=10)
+        download = await fetcher.statesync.fetch(RUN, ids, min_epoch=3, timeout=10)
         assert download.payload == b"state" and download.donors == (donors[0].peer_id,)
-        donors[0].state_sync.unshare(RUN)
-        donors[0].state_sync.unshare(RUN)  # idempotent
+        donors[0].statesync.unshare(RUN)
+        donors[0].statesync.unshare(RUN)  # idempotent
         with pytest.raises(StateSyncError):
-            await fetcher.state_sync.fetch(RUN, ids, timeout=10)
-        assert fetcher.state_sync.statistics()["fetches_failed"] == 5
+            await fetcher.statesync.fetch(RUN, ids, timeout=10)
+        assert fetcher.statesync.statistics()["fetches_failed"] == 5
 
 
 async def test_bad_arguments():
     config = StateSyncConfig(chunk_size=64 * KiB, max_state_bytes=MiB, max_runs=2)
     async with open_node(loopback_config(with_state_sync(config))) as node:
-        service = node.state_sync
+        service = node.statesync
         service.share(RUN, 5, b"x" * 1000)
         for args, match in [(("", 1, b"x"), "run_id"), ((RUN, -1, b"x"), "epoch"),
                             ((RUN, True, b"x"), "epoch"), ((RUN, 6, "text"), "bytes"),
@@ -432,21 +432,21 @@ async def test_bad_arguments():
 
 async def test_one_fetch_per_run_at_a_time():
     async with open_swarm(1, SMALL) as (fetcher, donors, _):
-        donors[0].state_sync.share(RUN, 1, PAYLOAD)
+        donors[0].statesync.share(RUN, 1, PAYLOAD)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(fetcher.state_sync.fetch, RUN, [donors[0].peer_id])
+            nursery.start_soon(fetcher.statesync.fetch, RUN, [donors[0].peer_id])
             with trio.fail_after(5):
-                while RUN not in fetcher.state_sync.statistics()["fetching"]:
+                while RUN not in fetcher.statesync.statistics()["fetching"]:
                     await trio.sleep(0.001)
             with pytest.raises(LocalProtocolError, match="already running"):
-                await fetcher.state_sync.fetch(RUN, [donors[0].peer_id])
+                await fetcher.statesync.fetch(RUN, [donors[0].peer_id])
             nursery.cancel_scope.cancel()
 
 
 async def test_bad_requests_are_refused_or_reset_and_the_node_keeps_serving():
     async with open_swarm(1) as (attacker, donors, _):
         victim = donors[0]
-        victim.state_sync.share(RUN, 1, PAYLOAD)
+        victim.statesync.share(RUN, 1, PAYLOAD)
         manifest = await attacker.call(victim.peer_id, STATESYNC_PROTOCOL, GetManifest(RUN))
         digest = manifest.digest
         for request, code in [(GetManifest("unknown"), "unknown_run"),
@@ -478,9 +478,9 @@ async def test_bad_requests_are_refused_or_reset_and_the_node_keeps_serving():
             await stream._send_frame(frame_header(FrameKind.MESSAGE, size) + b"\0" * 1024)
             with pytest.raises(StreamClosedError), trio.fail_after(5):
                 await stream.receive_message(STATESYNC_PROTOCOL.responses)
-        download = await attacker.state_sync.fetch(RUN, [victim.peer_id], timeout=20)
+        download = await attacker.statesync.fetch(RUN, [victim.peer_id], timeout=20)
         assert download.payload == PAYLOAD
-        assert victim.state_sync.statistics()["refusals"] == 4
+        assert victim.statesync.statistics()["refusals"] == 4
     assert not any("_get_chunk" in name or "_download" in name for name in task_names())
 
 
@@ -492,27 +492,27 @@ def test_sync_and_asyncio_faces_from_plain_threads():
             p2pdl.Node(config, listen=["/ip4/127.0.0.1/tcp/0"]) as fetcher:
         fetcher.connect(donor.addrs[0], timeout=10)
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # share from another thread
-            pool.submit(donor.state_sync.share, RUN, 8, PAYLOAD).result(10)
+            pool.submit(donor.statesync.share, RUN, 8, PAYLOAD).result(10)
         with pytest.raises(ConfigError, match="behind"):
-            donor.state_sync.share(RUN, 7, PAYLOAD)
-        download = fetcher.state_sync.fetch(RUN, [donor.peer_id], min_epoch=8, timeout=20)
+            donor.statesync.share(RUN, 7, PAYLOAD)
+        download = fetcher.statesync.fetch(RUN, [donor.peer_id], min_epoch=8, timeout=20)
         assert download.payload == PAYLOAD and download.donors == (donor.peer_id,)
-        assert fetcher.state_sync.statistics()["fetches_completed"] == 1
+        assert fetcher.statesync.statistics()["fetches_completed"] == 1
         with pytest.raises(StateSyncError):
-            fetcher.state_sync.fetch(RUN, [str(donor.peer_id)], min_epoch=9, timeout=20)
+            fetcher.statesync.fetch(RUN, [str(donor.peer_id)], min_epoch=9, timeout=20)
 
         async def aio() -> StateDownload:
-            donor.aio.state_sync.share(RUN, 9, PAYLOAD[::-1])
-            stats = await fetcher.aio.state_sync.statistics()
+            donor.aio.statesync.share(RUN, 9, PAYLOAD[::-1])
+            stats = await fetcher.aio.statesync.statistics()
             assert stats["fetches"] == 2
-            return await fetcher.aio.state_sync.fetch(RUN, [donor.peer_id], timeout=20)
+            return await fetcher.aio.statesync.fetch(RUN, [donor.peer_id], timeout=20)
 
         download = asyncio.run(aio())
         assert download.epoch == 9 and download.payload == PAYLOAD[::-1]
-        donor.state_sync.unshare(RUN)
-        fetcher.aio.state_sync.unshare(RUN)
+        donor.statesync.unshare(RUN)
+        fetcher.aio.statesync.unshare(RUN)
     with pytest.raises(p2pdl.NodeClosedError):
-        donor.state_sync.share(RUN, 10, b"x")
+        donor.statesync.share(RUN, 10, b"x")
 
 
 GUIDE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "statesync.md"

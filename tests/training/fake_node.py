@@ -106,7 +106,7 @@ class FakeProgress:
 
 
 @dataclasses.dataclass
-class FakeAveraging:
+class FakeAllReduce:
     limit: float = 1.0
     futures: list[concurrent.futures.Future[Any]] = dataclasses.field(default_factory=list)
     calls: list[dict[str, Any]] = dataclasses.field(default_factory=list)
@@ -167,8 +167,8 @@ class FakeStateSync:
 class FakeNode:
     client_mode: bool = False
     progress: FakeProgress = dataclasses.field(default_factory=FakeProgress)
-    averaging: FakeAveraging = dataclasses.field(default_factory=FakeAveraging)
-    state_sync: FakeStateSync = dataclasses.field(default_factory=FakeStateSync)
+    allreduce: FakeAllReduce = dataclasses.field(default_factory=FakeAllReduce)
+    statesync: FakeStateSync = dataclasses.field(default_factory=FakeStateSync)
 
     @property
     def tracker(self) -> FakeTracker:

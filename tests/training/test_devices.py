@@ -99,11 +99,11 @@ def test_a_gpu_peers_global_step_sets_gpu_gradients_from_the_round():
     result = [torch.ones(s) for s in sent_shapes] + [b.detach().float().cpu()
                                                      for b in opt._buffers]
     future.set_result(averaged(result, members=2))
-    node.averaging.futures.append(future)
+    node.allreduce.futures.append(future)
     before = [p.detach().clone() for p in model.parameters()]
     model(torch.randn(8, 4, device="cuda")).sum().backward()
     assert opt.step()
-    sent = node.averaging.calls[0]["tensors"]
+    sent = node.allreduce.calls[0]["tensors"]
     assert all(t.device.type == "cpu" for t in sent)   # staged on the host
     assert all(p.device.type == "cuda" for p in model.parameters())
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

@@ -13,7 +13,7 @@ import p2pdl
 from p2pdl.errors import ConfigError
 from p2pdl.training import (
     Optimizer,
-    TrainingAveraging,
+    TrainingAllReduce,
     TrainingNode,
     TrainingProgress,
     TrainingStateSync,
@@ -79,16 +79,16 @@ def test_the_sync_node_provides_every_member_of_training_node():
         assert check_training_node(node) is node
         assert incompatibilities(node, TrainingNode) == []
         assert incompatibilities(node.progress, TrainingProgress) == []
-        assert incompatibilities(node.averaging, TrainingAveraging) == []
-        assert incompatibilities(node.state_sync, TrainingStateSync) == []
+        assert incompatibilities(node.allreduce, TrainingAllReduce) == []
+        assert incompatibilities(node.statesync, TrainingStateSync) == []
         with node.progress.track("conformance", 8) as tracker:
             assert incompatibilities(tracker, TrainingTracker) == []
 
 
 def test_required_members_are_exactly_the_protocols():
     named = set()
-    for attribute, protocol in [("progress", TrainingProgress), ("averaging", TrainingAveraging),
-                                ("state_sync", TrainingStateSync)]:
+    for attribute, protocol in [("progress", TrainingProgress), ("allreduce", TrainingAllReduce),
+                                ("statesync", TrainingStateSync)]:
         named |= {f"{attribute}.{m}" for m in protocol_members(protocol)}
     assert set(REQUIRED_MEMBERS) == named | {"client_mode"}
 
@@ -97,15 +97,15 @@ def test_a_fake_node_with_the_members_is_accepted():
     node = FakeNode()
     assert check_training_node(node) is node
     assert incompatibilities(node, TrainingNode) == []
-    assert incompatibilities(node.averaging, TrainingAveraging) == []
-    assert incompatibilities(node.state_sync, TrainingStateSync) == []
+    assert incompatibilities(node.allreduce, TrainingAllReduce) == []
+    assert incompatibilities(node.statesync, TrainingStateSync) == []
     assert incompatibilities(node.tracker, TrainingTracker) == []
 
 
 @pytest.mark.parametrize("node, missing", [
     (object(), "client_mode"),
-    (SimpleNamespace(client_mode=False, progress=SimpleNamespace(track=None)), "averaging"),
-    (FakeNode(averaging=SimpleNamespace(all_reduce=None)), "averaging.start_round"),
+    (SimpleNamespace(client_mode=False, progress=SimpleNamespace(track=None)), "allreduce"),
+    (FakeNode(allreduce=SimpleNamespace(all_reduce=None)), "allreduce.start_round"),
 ])
 def test_anything_else_is_a_config_error_naming_what_is_missing(node, missing):
     with pytest.raises(ConfigError, match=f"node must be a running p2pdl.Node .*{missing}"):

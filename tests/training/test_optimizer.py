@@ -448,7 +448,7 @@ def failed_round() -> concurrent.futures.Future:
 def test_a_failed_round_applies_on_failure_and_holds_the_next_round_for_the_check(on_failure):
     node = FakeNode()
     node.tracker.view = [fake_progress(0, ready=True)]
-    node.averaging.futures.append(failed_round())
+    node.allreduce.futures.append(failed_round())
     opt, model = offline(node, on_failure=on_failure)
     model.weight.grad = torch.tensor([[1.0, -1.0]])
     assert opt.step() is (on_failure == "local")
@@ -458,7 +458,7 @@ def test_a_failed_round_applies_on_failure_and_holds_the_next_round_for_the_chec
     assert opt.state_keeper.suspect and node.tracker.epochs[-1] == 1
     model.weight.grad = torch.tensor([[1.0, -1.0]])
     assert not opt.step()   # the check found no offers: no round until it is done
-    assert len(node.averaging.calls) == 1 and opt.state_keeper.suspect
+    assert len(node.allreduce.calls) == 1 and opt.state_keeper.suspect
     opt.close()
 
 
@@ -469,7 +469,7 @@ def test_a_failed_round_after_which_the_swarm_moved_on_takes_its_state_not_a_loc
     # before the batch, after reporting it, and after the failed round: the others at 1
     node.tracker.view = [fake_progress(0, ready=True), fake_progress(0, ready=True),
                          fake_progress(1)]
-    node.averaging.futures.append(failed_round())
+    node.allreduce.futures.append(failed_round())
     opt, model = offline(node, state_sync=False)
     model.weight.grad = torch.tensor([[1.0, -1.0]])
     assert opt.step() is False
@@ -505,7 +505,7 @@ def test_a_group_that_left_out_peers_seen_at_the_epoch_makes_the_peer_compare_st
         result.tensors = kwargs.get("tensors") or args[2]
         return future
 
-    node.averaging.start_round = lambda run_id, epoch, tensors, **kw: averaged_in_place(
+    node.allreduce.start_round = lambda run_id, epoch, tensors, **kw: averaged_in_place(
         run_id, epoch, tensors)
     assert opt.step()
     keeper = opt.state_keeper
@@ -513,12 +513,12 @@ def test_a_group_that_left_out_peers_seen_at_the_epoch_makes_the_peer_compare_st
     if expected:
         # offers from two of the four: it waits for the others (SPLIT_CHECKS tries) ...
         digest = keeper.digest()
-        node.state_sync.offered = {p: (1, digest) for p in (ID(b"a"), ID(b"b"))}
+        node.statesync.offered = {p: (1, digest) for p in (ID(b"a"), ID(b"b"))}
         node.tracker.reports = [fake_report(p, 1) for p in seen]
         assert not keeper.check_consistency(node.tracker)
         assert keeper.suspect and keeper.statistics()["consistency_checks"] == 0
         # ... and compares once every one is in
-        node.state_sync.offered[ID(b"c")] = (1, digest)
+        node.statesync.offered[ID(b"c")] = (1, digest)
         assert not keeper.check_consistency(node.tracker)   # they agree with it
         assert not keeper.suspect and keeper.statistics()["consistency_checks"] == 1
     opt.close()
@@ -534,7 +534,7 @@ def step_one_complete_round(node, future):
         future.result().tensors = tensors
         return future
 
-    node.averaging.start_round = averaged_in_place
+    node.allreduce.start_round = averaged_in_place
     model.weight.grad = torch.tensor([[1.0, -1.0]])
     assert opt.step() and opt.last_round.outcome == "averaged"
     return opt
@@ -586,7 +586,7 @@ def test_a_delayed_round_is_announced_once_its_group_formed_and_applied_a_step_l
     model.weight.grad = torch.tensor([[1.0, 1.0]])
     assert not opt.step()
     assert node.tracker.reported == [(4, 0)]   # epoch 1 not announced while matching
-    call = node.averaging.calls[0]
+    call = node.allreduce.calls[0]
     assert call["epoch"] == 0 and call["weight"] == 4.0
     call["on_group"](object())
     opt.rounds.pending.future.set_result(SimpleNamespace(
@@ -615,7 +615,7 @@ def test_close_stops_sharing_and_tracking():
     opt, _ = offline(node)
     opt.close()
     opt.close()
-    assert node.state_sync.unshared == ["offline"] and node.tracker.closed
+    assert node.statesync.unshared == ["offline"] and node.tracker.closed
     with pytest.raises(NodeClosedError):
         opt.step()
 
@@ -624,14 +624,14 @@ def test_the_weight_a_round_sends_is_the_count_just_reported_and_published():
     node = FakeNode()
     published: list[tuple[tuple[int, int | None], int]] = []
     node.tracker.publish_now = lambda: published.append(   # type: ignore[attr-defined]
-        (node.tracker.reported[-1], len(node.averaging.calls)))
+        (node.tracker.reported[-1], len(node.allreduce.calls)))
     node.tracker.view = [fake_progress(0, ready=False), fake_progress(0, ready=False),
                          fake_progress(0, ready=True)]
     opt, model = offline(node)
     for batch in (3, 5):   # batch sizes passed to step() add up to the weight
         model.weight.grad = torch.tensor([[1.0, 1.0]])
         opt.step(batch_size=batch)
-    (call,) = node.averaging.calls
+    (call,) = node.allreduce.calls
     assert call["weight"] == 8.0 and call["epoch"] == 0
     assert published == [((8, 0), 0)]   # the report of 8 samples, before the round
     opt.close()
@@ -643,7 +643,7 @@ def test_clip_sent_norm_bounds_what_a_round_sends():
     opt, model = offline(node, clip_sent_norm=1.0)
     model.weight.grad = torch.tensor([[30.0, 40.0]])   # norm 50
     opt.step(batch_size=2)
-    (call,) = node.averaging.calls
+    (call,) = node.allreduce.calls
     (sent,) = call["tensors"]
     assert torch.allclose(sent, torch.tensor([[0.6, 0.8]]), atol=1e-6)
     opt.close()
@@ -671,7 +671,7 @@ def test_a_batch_computed_before_a_state_download_is_dropped():
     node = FakeNode()
     node.tracker.view = [fake_progress(3)]
     node.tracker.reports = [fake_report(b"donor-a", 3)]
-    node.state_sync.payloads.append((3, payload))
+    node.statesync.payloads.append((3, payload))
     opt, model = offline(node)
     model.weight.grad = torch.tensor([[1.0, -1.0]])   # computed on the old parameters
     assert opt.step() is False
@@ -839,12 +839,12 @@ def test_buffers_take_a_rounds_averages_only_when_it_completed(complete):
     done: concurrent.futures.Future = concurrent.futures.Future()
     done.set_result(SimpleNamespace(completed=complete, tensors=back, parts=parts,
                                     group=group(2), excluded=()))
-    node.averaging.futures.append(done)
+    node.allreduce.futures.append(done)
     opt = Optimizer(node=node, run_id="offline", target_batch_size=4, batch_size_per_step=4,
                     optimizer=torch.optim.SGD(model.parameters(), lr=1.0), model=model)
     model.weight.grad = torch.ones(1, 2)
     assert opt.step()
-    (call,) = node.averaging.calls
+    (call,) = node.allreduce.calls
     assert [t.tolist() for t in call["tensors"][1:]] == [[1.0, 3.0], 4.0]   # values, float32
     if complete:
         assert model.stat.tolist() == [2.0, 0.0] and model.count.item() == 7
@@ -901,7 +901,7 @@ def test_mixed_precision_peers_stay_identical_and_an_overflowed_batch_counts_not
 def _slow_round(node: FakeNode, delay: float) -> None:
     """The next round ends ``delay`` seconds after it starts, averaging two members."""
     future: concurrent.futures.Future = concurrent.futures.Future()
-    node.averaging.futures.append(future)
+    node.allreduce.futures.append(future)
 
     def finish() -> None:
         time.sleep(delay)
@@ -990,7 +990,7 @@ def test_a_scheduler_built_from_the_optimizer_steps_once_per_global_epoch():
             [fake_progress(epoch, ready=True)] * 2
         future: concurrent.futures.Future = concurrent.futures.Future()
         future.set_result(fake_averaged([torch.tensor([[0.5, 0.5]])], members=2))
-        node.averaging.futures.append(future)
+        node.allreduce.futures.append(future)
         for _ in range(local_steps):
             model.zero_grad()
             model(torch.tensor([[1.0, 1.0]])).sum().backward()

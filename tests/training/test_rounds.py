@@ -38,7 +38,7 @@ def test_a_round_is_started_with_the_configured_options():
                allreduce=allreduce)
     tensors = [torch.zeros(2)]
     r.start(5, tensors, 12)
-    (call,) = node.averaging.calls
+    (call,) = node.allreduce.calls
     assert call == {"run_id": "run", "epoch": 5, "tensors": tensors, "weight": 12.0,
                     "config": allreduce, "inplace": True, "on_group": None,
                     "auxiliary": False, "matchmaking_time": 3.0, "target_group_size": 4,
@@ -96,20 +96,20 @@ def test_contributors_leave_out_the_members_this_peers_reducer_excluded():
 def test_run_waits_for_the_round_and_alone_takes_its_own_values():
     node = FakeNode()
     back = [torch.full((2,), 3.0)]
-    node.averaging.futures.append(done(averaged(back)))
+    node.allreduce.futures.append(done(averaged(back)))
     r = rounds(node)
     sent = [torch.ones(2)]
     result = r.run(0, sent, 4, alone=False)
     assert result.info.outcome == "averaged" and result.averaged is back
     alone = r.run(1, sent, 4, alone=True)
     assert alone.info.outcome == "alone" and alone.averaged is sent
-    assert len(node.averaging.calls) == 1   # no round for a peer alone
+    assert len(node.allreduce.calls) == 1   # no round for a peer alone
     assert r.statistics() == {"rounds": 2, "averaged": 1, "partial": 0, "alone": 1, "failed": 0}
 
 
 def test_waiting_past_the_limit_cancels_the_round_and_errors_are_returned():
     node = FakeNode()
-    node.averaging.limit = 0.05
+    node.allreduce.limit = 0.05
     r = rounds(node)
     hanging: concurrent.futures.Future = concurrent.futures.Future()
     outcome = r.wait(hanging)
@@ -127,7 +127,7 @@ def test_a_background_round_matches_until_its_group_forms_then_finishes():
     r.start_background(7, sent, 16)
     assert r.pending is not None and r.pending.epoch == 7 and r.matching()
     assert r.finish(block=False) is None   # still running
-    node.averaging.calls[0]["on_group"](object())   # the node's thread: the group formed
+    node.allreduce.calls[0]["on_group"](object())   # the node's thread: the group formed
     assert not r.matching()
     back = [torch.full((2,), 2.0)]
     r.pending.future.set_result(averaged(back))
@@ -156,24 +156,24 @@ def test_alone_counts_trainers_and_discovery_waits_for_the_others():
 def test_an_auxiliary_peer_follows_the_epoch_joins_once_per_epoch():
     node = FakeNode()
     tracker = FakeTracker(view=[progress(2, ready=True)])
-    node.averaging.futures.append(done(averaged([torch.zeros(3)], members=3)))
+    node.allreduce.futures.append(done(averaged([torch.zeros(3)], members=3)))
     r = rounds(node, auxiliary=True, ready_timeout=0.3)
     params = [torch.ones(3, dtype=torch.float16)]
     epoch, info = r.assist(tracker, 0, params)
     assert epoch == 2 and tracker.epochs == [2]   # followed the trainers first
     assert info is not None and info.outcome == "averaged" and info.group_size == 3
-    (call,) = node.averaging.calls
+    (call,) = node.allreduce.calls
     assert call["auxiliary"] is True and call["weight"] == 0.0 and call["epoch"] == 2
     assert call["tensors"][0].dtype == torch.float32 and not call["tensors"][0].any()
     again = r.assist(tracker, 2, params)   # this epoch's round is done: wait for the next
-    assert again == (2, None) and len(node.averaging.calls) == 1
+    assert again == (2, None) and len(node.allreduce.calls) == 1
     not_ready = rounds(node, auxiliary=True, ready_timeout=0.05)
     assert not_ready.assist(FakeTracker(view=[progress(2)]), 2, params) == (2, None)
 
 
 def test_an_auxiliary_round_that_fails_is_reported():
     node = FakeNode()
-    node.averaging.futures.append(done(MatchmakingFailedError("alone")))
+    node.allreduce.futures.append(done(MatchmakingFailedError("alone")))
     r = rounds(node, auxiliary=True, ready_timeout=1.0)
     epoch, info = r.assist(FakeTracker(view=[progress(0, ready=True)]), 0, [torch.ones(1)])
     assert epoch == 0 and info is not None and info.outcome == "failed"
@@ -189,7 +189,7 @@ class PublishingTracker(FakeTracker):
         self.published: list[int] = []   # rounds started before each publish
 
     def publish_now(self) -> None:
-        self.published.append(len(self.node.averaging.calls))
+        self.published.append(len(self.node.allreduce.calls))
 
 
 def test_a_round_with_samples_publishes_the_report_that_backs_its_weight_first():
@@ -200,11 +200,11 @@ def test_a_round_with_samples_publishes_the_report_that_backs_its_weight_first()
     assert tracker.published == [0]   # before the round was started
     r.start(4, [torch.zeros(2)], 0)    # no samples: no weight to back
     r.start(4, [torch.zeros(2)], 0, auxiliary=True)
-    assert tracker.published == [0] and len(node.averaging.calls) == 3
+    assert tracker.published == [0] and len(node.allreduce.calls) == 3
 
 
 def test_rounds_without_a_tracker_start_without_publishing():
     node = FakeNode()
     r = Rounds(node, "run", OptimizerConfig())
     r.start(3, [torch.zeros(2)], 12)
-    assert node.averaging.calls[0]["weight"] == 12.0
+    assert node.allreduce.calls[0]["weight"] == 12.0

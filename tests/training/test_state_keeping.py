@@ -99,31 +99,31 @@ def test_servers_share_every_n_epochs_clients_and_auxiliary_peers_never():
     k, _ = keeper(node, share_state_every=2)
     k.epoch = 1
     k.share()
-    assert node.state_sync.shared == []
+    assert node.statesync.shared == []
     k.share(force=True)
     k.epoch = 2
     k.after_step()
-    assert [(e, len(p) > 0) for _, e, p in node.state_sync.shared] == [(1, True), (2, True)]
+    assert [(e, len(p) > 0) for _, e, p in node.statesync.shared] == [(1, True), (2, True)]
     assert k.statistics()["shared"] == 2
-    assert k.digest() == hashlib.sha256(node.state_sync.shared[-1][2]).digest()
+    assert k.digest() == hashlib.sha256(node.statesync.shared[-1][2]).digest()
     client = FakeNode(client_mode=True)
     keeper(client)[0].share(force=True)
     helper = FakeNode()
     keeper(helper, auxiliary=True)[0].share(force=True)
-    assert client.state_sync.shared == [] and helper.state_sync.shared == []
+    assert client.statesync.shared == [] and helper.statesync.shared == []
 
 
 def test_catching_up_downloads_from_serving_peers_ahead():
     node = FakeNode()
     source, model = keeper()
     trained(source, model, steps=3)
-    node.state_sync.payloads.append((3, source.serialized()))
+    node.statesync.payloads.append((3, source.serialized()))
     k, mine = keeper(node, weight=7.0)
     k.mark_suspect()
     tracker = FakeTracker(reports=[report(PEER_A, 3), report(PEER_B, 3, client_mode=True),
                                    report(PEER_C, 3, auxiliary=True), report(b"old", 1)])
     assert k.catch_up(tracker, 3) is CatchUp.SYNCED
-    (fetch,) = node.state_sync.fetched
+    (fetch,) = node.statesync.fetched
     assert fetch["donors"] == [ID(PEER_A)] and fetch["min_epoch"] == 3
     assert fetch["timeout"] == k.config.sync_timeout
     assert k.epoch == 3 and torch.equal(mine.weight, model.weight) and not k.suspect
@@ -139,11 +139,11 @@ def test_catching_up_asks_for_no_epoch_past_the_quorums_next(view, max_epoch):
     node = FakeNode()
     source, _ = keeper()
     source.epoch = 3
-    node.state_sync.payloads.append((3, source.serialized()))
+    node.statesync.payloads.append((3, source.serialized()))
     k, _ = keeper(node)
     tracker = FakeTracker(view=[view], reports=[report(PEER_A, 3), report(PEER_B, 10**6)])
     assert k.catch_up(tracker, 3) is CatchUp.SYNCED
-    (fetch,) = node.state_sync.fetched
+    (fetch,) = node.statesync.fetched
     assert fetch["min_epoch"] == 3 and fetch["max_epoch"] == max_epoch
     # every serving peer is asked: state sync flags those past the bound
     assert fetch["donors"] == [ID(PEER_A), ID(PEER_B)]
@@ -151,20 +151,20 @@ def test_catching_up_asks_for_no_epoch_past_the_quorums_next(view, max_epoch):
 
 def test_a_state_from_a_lone_donor_is_checked_after_the_next_round():
     node = FakeNode()
-    node.state_sync.lone_unconfirmed = True
+    node.statesync.lone_unconfirmed = True
     source, _ = keeper()
     source.epoch = 3
-    node.state_sync.payloads += [(3, source.serialized())] * 2
+    node.statesync.payloads += [(3, source.serialized())] * 2
     k, _ = keeper(node)
     tracker = FakeTracker(reports=[report(PEER_A, 3)])
     assert k.download(tracker, 3)
     assert k.unconfirmed and not k.suspect and k.statistics()["unconfirmed_syncs"] == 1
     k.share(force=True)   # not offered to others while unconfirmed
-    assert node.state_sync.shared == []
+    assert node.statesync.shared == []
     k.epoch += 1
     k.after_step()   # the next round: now compare with the others
     assert k.suspect and not k.unconfirmed
-    assert [e for _, e, _ in node.state_sync.shared] == [4]
+    assert [e for _, e, _ in node.statesync.shared] == [4]
     # A download two donors agreed on is confirmed.
     k2, _ = keeper(node)
     assert k2.download(FakeTracker(reports=[report(PEER_A, 3), report(PEER_B, 3)]), 3)
@@ -172,15 +172,15 @@ def test_a_state_from_a_lone_donor_is_checked_after_the_next_round():
 
 
 def test_a_download_whose_payload_is_not_its_digest_is_not_loaded():
-    class Lying(type(FakeNode().state_sync)):
+    class Lying(type(FakeNode().statesync)):
         def fetch(self, *args, **kwargs):
             download = super().fetch(*args, **kwargs)
             download.digest = bytes(32)
             return download
-    node = FakeNode(state_sync=Lying())
+    node = FakeNode(statesync=Lying())
     source, _ = keeper(weight=4.0)
     source.epoch = 3
-    node.state_sync.payloads.append((3, source.serialized()))
+    node.statesync.payloads.append((3, source.serialized()))
     k, model = keeper(node)
     assert not k.download(FakeTracker(reports=[report(PEER_A, 3)]), 3)
     assert k.epoch == 0 and bool((model.weight == 1.0).all())
@@ -202,7 +202,7 @@ def test_a_lying_donor_serving_poison_loses_to_two_honest_ones_over_real_nodes(l
                                  for _ in range(4))
         for node in (liar, *honest):
             joiner.connect(node.addrs[0], timeout=20)
-            node.state_sync.share("run", liar_epoch if node is liar else 3,
+            node.statesync.share("run", liar_epoch if node is liar else 3,
                                   (liar_state if node is liar else honest_state).serialized())
         reports = [report(liar.peer_id.to_bytes(), liar_epoch)] + \
             [report(n.peer_id.to_bytes(), 3) for n in honest]
@@ -216,8 +216,8 @@ def test_a_lying_donor_serving_poison_loses_to_two_honest_ones_over_real_nodes(l
         assert all(flags.count(n.peer_id) == 0 for n in honest)
         # Again: the liar's offer is left out, nothing of it is downloaded.
         assert k.download(tracker, 3)
-        assert liar.state_sync.statistics()["chunks_served"] == 0
-        assert joiner.state_sync.statistics()["offers_excluded"] == 1
+        assert liar.statesync.statistics()["chunks_served"] == 0
+        assert joiner.statesync.statistics()["offers_excluded"] == 1
         assert flags.count(liar.peer_id) == 1
 
 
@@ -233,11 +233,11 @@ def test_catching_up_waits_between_failures_and_never_adopts_the_epoch():
         verdicts.append(k.catch_up(tracker, 5))   # too soon: no new attempt
         time.sleep(0.02)
     assert verdicts == [CatchUp.WAIT] * 12
-    assert len(node.state_sync.fetched) == 6
+    assert len(node.statesync.fetched) == 6
     assert k.statistics()["state_sync_failures"] == 6
     assert k.epoch == 0
     garbage = FakeNode()
-    garbage.state_sync.payloads.append((5, b"not a torch file"))
+    garbage.statesync.payloads.append((5, b"not a torch file"))
     g, _ = keeper(garbage)
     assert not g.download(tracker, 5)
     assert g.statistics()["state_sync_failures"] == 1
@@ -255,12 +255,12 @@ def test_the_consistency_check_downloads_the_majoritys_state():
     k.mark_suspect()
     assert k.check_due()
     theirs = agreed.digest()
-    node.state_sync.offered = {ID(PEER_A): (4, theirs), ID(PEER_B): (4, theirs),
+    node.statesync.offered = {ID(PEER_A): (4, theirs), ID(PEER_B): (4, theirs),
                                ID(PEER_C): (3, b"older")}
-    node.state_sync.payloads.append((4, agreed.serialized()))
+    node.statesync.payloads.append((4, agreed.serialized()))
     tracker = FakeTracker(reports=[report(PEER_A, 4), report(PEER_B, 4), report(PEER_C, 4)])
     assert k.check_consistency(tracker)
-    (fetch,) = node.state_sync.fetched
+    (fetch,) = node.statesync.fetched
     assert fetch["digest"] == theirs and set(fetch["donors"]) == {ID(PEER_A), ID(PEER_B)}
     assert torch.equal(mine.weight, model.weight) and not k.suspect and not k.check_due()
     assert k.statistics()["consistency_checks"] == 1 and k.statistics()["repairs"] == 1
@@ -271,9 +271,9 @@ def test_a_tie_goes_to_the_smallest_digest():
         node = FakeNode()
         k, _ = keeper(node)
         k.mark_suspect()
-        node.state_sync.offered = {ID(PEER_A): (0, other)}   # one against one
+        node.statesync.offered = {ID(PEER_A): (0, other)}   # one against one
         assert not k.check_consistency(FakeTracker(reports=[report(PEER_A, 0)]))
-        assert [f["digest"] for f in node.state_sync.fetched] == [other] * downloads
+        assert [f["digest"] for f in node.statesync.fetched] == [other] * downloads
         assert not k.suspect and k.statistics()["consistency_checks"] == 1
         assert k.statistics()["state_sync_failures"] == downloads   # the fake has no payload
 
@@ -298,8 +298,8 @@ def seen_by(peer: bytes | None, offered: dict[ID, tuple[int, bytes]],
     """A node whose state sync sees every offer but ``peer``'s own (None: all of
     them) and downloads each offered state by its digest."""
     node = FakeNode()
-    node.state_sync.by_digest = dict(payloads)
-    node.state_sync.offered = {p: o for p, o in offered.items()
+    node.statesync.by_digest = dict(payloads)
+    node.statesync.offered = {p: o for p, o in offered.items()
                                if peer is None or p != ID(peer)}
     return node
 
@@ -315,11 +315,11 @@ def test_peers_that_agree_on_no_state_merge_them_alike_and_a_liar_is_outvoted():
         assert me.check_consistency(FakeTracker(reports=reports))
         assert me.statistics()["merges"] == 1 and not me.suspect and me.epoch == 3
         # the two other states were downloaded, each from its holder, by digest
-        assert len(node.state_sync.fetched) == 2
+        assert len(node.statesync.fetched) == 2
         # the merged state is not offered before the next step (the others still
         # see this peer's old offer, so they compute the same merge)
         me.share(force=True)
-        assert node.state_sync.shared == []
+        assert node.statesync.shared == []
         digests[peer] = me.digest()
     assert digests[PEER_A] == digests[PEER_B]
     merged = a.params[0]
@@ -343,7 +343,7 @@ def test_a_joiner_facing_donors_that_agree_on_no_state_merges_as_they_do():
     # donors that agree: the joiner does not merge, it waits for the download
     agreed = FakeNode()
     digest = offered[ID(PEER_A)][1]
-    agreed.state_sync.offered = {ID(PEER_A): (3, digest), ID(PEER_B): (3, digest)}
+    agreed.statesync.offered = {ID(PEER_A): (3, digest), ID(PEER_B): (3, digest)}
     k, _ = keeper(agreed)
     assert k.catch_up(FakeTracker(reports=reports[:2]), 3) is CatchUp.WAIT
     assert k.statistics()["merges"] == 0
@@ -352,9 +352,9 @@ def test_a_joiner_facing_donors_that_agree_on_no_state_merges_as_they_do():
 def test_a_merge_that_cannot_download_every_state_changes_nothing():
     offered, payloads, (a, _, _) = split()
     node = FakeNode()
-    node.state_sync.by_digest = {d: p for d, p in payloads.items()
+    node.statesync.by_digest = {d: p for d, p in payloads.items()
                                  if d != offered[ID(PEER_C)][1]}
-    node.state_sync.offered = {p: o for p, o in offered.items() if p != ID(PEER_A)}
+    node.statesync.offered = {p: o for p, o in offered.items() if p != ID(PEER_A)}
     a.node = node
     before = a.digest()
     a.mark_suspect()
@@ -391,12 +391,12 @@ def test_every_check_state_every_epochs_a_peer_compares_even_after_good_rounds()
     assert not k.suspect
     k.check_routinely(3)
     theirs = agreed.digest()
-    node.state_sync.offered = {ID(PEER_A): (10, theirs)}
-    node.state_sync.payloads.append((10, agreed.serialized()))
+    node.statesync.offered = {ID(PEER_A): (10, theirs)}
+    node.statesync.payloads.append((10, agreed.serialized()))
     tracker = FakeTracker(reports=[report(PEER_A, 10), report(PEER_B, 10)])
     # it waits for the offers of the peers seen at the last epoch (3 with this one) ...
-    assert not k.check_consistency(tracker) and k.suspect and not node.state_sync.fetched
-    node.state_sync.offered[ID(PEER_B)] = (10, theirs)
+    assert not k.check_consistency(tracker) and k.suspect and not node.statesync.fetched
+    node.statesync.offered[ID(PEER_B)] = (10, theirs)
     # ... then two against one: it takes their state
     assert k.check_consistency(tracker)
     assert torch.equal(mine.weight, model.weight) and not k.suspect

@@ -19,7 +19,7 @@ from p2pdl.errors import (
     RequestError,
     StreamClosedError,
 )
-from p2pdl.nat import ReachabilityConfig
+from p2pdl.nat import NatConfig
 from p2pdl.testing import open_nodes
 from p2pdl.wire import PING, Message, MessageSet, PingRequest, RpcProtocol, WireConfig
 
@@ -196,7 +196,7 @@ async def test_request_type_is_checked_locally(two_nodes):
 
 async def test_idle_rpc_stream_is_closed_and_reopened():
     config = NodeConfig(wire=WireConfig(rpc_idle_timeout=0.3),
-                        nat=ReachabilityConfig(enabled=False))
+                        nat=NatConfig(enabled=False))
     async with open_nodes(2, config) as (a, b):
         serve_work(a)
         await b.call(a.peer_id, WORK, Work(1))
@@ -230,7 +230,7 @@ async def test_server_going_away_fails_pending_calls_quickly():
 
 async def test_server_closes_a_stream_that_asks_nothing():
     config = NodeConfig(wire=WireConfig(rpc_idle_timeout=0.3),
-                        nat=ReachabilityConfig(enabled=False))
+                        nat=NatConfig(enabled=False))
     async with open_nodes(2, config) as (a, b):
         raw = await b.host.libp2p.new_stream(a.peer_id, ["/p2pdl/ping/1.0.0"])
         start = trio.current_time()
@@ -251,7 +251,7 @@ async def test_a_violation_after_a_valid_request_is_one_quiet_line(caplog):
     from p2pdl.wire import FrameKind, encode_message
     from p2pdl.wire._frames import frame_header
 
-    config = NodeConfig(nat=ReachabilityConfig(enabled=False))
+    config = NodeConfig(nat=NatConfig(enabled=False))
     async with open_nodes(2, config) as (a, b):
         serve_work(a)
         with caplog.at_level(logging.DEBUG):

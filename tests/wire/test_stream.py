@@ -15,7 +15,7 @@ from libp2p.network.stream.exceptions import StreamError
 
 from p2pdl import NodeConfig, open_node
 from p2pdl.errors import LocalProtocolError, RemoteProtocolError, StreamClosedError
-from p2pdl.nat import ReachabilityConfig
+from p2pdl.nat import NatConfig
 from p2pdl.wire import FrameDecoder, FrameKind, MessageSet, TensorChunk, WireConfig, encode_message
 from p2pdl.wire._frames import frame_header
 
@@ -270,7 +270,7 @@ def _budget_config(**wire) -> NodeConfig:
     config = NodeConfig.build(listen=["/ip4/127.0.0.1/tcp/0"],
                               input_budget_per_peer=6 * MiB, input_budget_per_node=64 * MiB)
     return dataclasses.replace(config, wire=WireConfig(**wire),
-                               nat=ReachabilityConfig(enabled=False))
+                               nat=NatConfig(enabled=False))
 
 
 async def test_announced_but_unsent_frames_hold_no_memory():

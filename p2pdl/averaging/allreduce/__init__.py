@@ -1,4 +1,4 @@
-"""Butterfly all-reduce (``/p2pdl/allreduce/1.0.0``, ``node.averaging``): the members of
+"""Butterfly all-reduce (``/p2pdl/allreduce/1.0.0``, ``node.allreduce``): the members of
 a group average their tensors, each reducing one part (protocols/allreduce.md,
 docs/allreduce.md).
 

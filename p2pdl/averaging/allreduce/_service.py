@@ -1,4 +1,4 @@
-"""The all-reduce service of a node: ``await node.averaging.all_reduce(group, tensors)``.
+"""The all-reduce service of a node: ``await node.allreduce.all_reduce(group, tensors)``.
 
 The rules are in ``_state`` (sans-IO); this module moves the bytes over
 ``/p2pdl/allreduce/1.0.0`` (protocols/allreduce.md):
@@ -127,7 +127,7 @@ logger = logging.getLogger(__name__)
 
 class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
                        _AccusationSide):
-    """Butterfly all-reduce for groups from matchmaking (``node.averaging``).
+    """Butterfly all-reduce for groups from matchmaking (``node.allreduce``).
 
     ``weight_evidence(run_id, peer, epoch, report)``: the largest sample
     count a peer's own signed progress reports for that epoch support, once

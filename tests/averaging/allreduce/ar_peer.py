@@ -95,7 +95,7 @@ async def main(mode: str) -> None:
         config = AllReduceConfig(aggregator=MEAN, codecs=CodecPolicy(large="none"),
                                  **request["config"])
         tensors = peer_inputs(request["seed"], me)
-        await node.averaging.all_reduce(group, tensors, weight=request["weight"], config=config)
+        await node.allreduce.all_reduce(group, tensors, weight=request["weight"], config=config)
         say(event="finished")  # not expected: the test kills this process first
         await trio.sleep_forever()
 

@@ -109,7 +109,7 @@ def equivocate(node) -> None:
     ``equivocate`` attack's reducer (p2pdl.training.ATTACKS)."""
     from p2pdl.training._attacks import _equivocating_reducer
 
-    node.averaging.part_reducer = _equivocating_reducer()
+    node.allreduce.part_reducer = _equivocating_reducer()
 
 
 async def test_a_reducer_that_equivocates_is_banned_by_every_member_on_its_signatures():
@@ -123,7 +123,7 @@ async def test_a_reducer_that_equivocates_is_banned_by_every_member_on_its_signa
             assert results[i].parts[3].check == "failed"
             assert [p.check for r, p in enumerate(results[i].parts) if r not in (i, 3)] \
                 == ["ok"] * 2
-            stats = nodes[i].averaging.statistics()
+            stats = nodes[i].allreduce.statistics()
             assert stats["equivocations"] == 1 and stats["disputes_opened"] == 0
             assert nodes[i].flags.count(nodes[3].peer_id, "equivocation") == 1
             assert nodes[i].flags.is_banned(nodes[3].peer_id, "run", time.time())
@@ -133,7 +133,7 @@ async def test_a_reducer_that_equivocates_is_banned_by_every_member_on_its_signa
         for i in (1, 2):   # the honest reducers' parts bit-identical
             assert torch.equal(flats[i][lo:hi], flats[0][lo:hi])
         # An open run: nothing published.
-        assert all(n.averaging.statistics()["accusations_published"] == 0 for n in nodes)
+        assert all(n.allreduce.statistics()["accusations_published"] == 0 for n in nodes)
 
 
 async def test_a_proof_travels_to_a_member_outside_the_group_and_a_forged_one_bans_its_signer(
@@ -157,25 +157,25 @@ async def test_a_proof_travels_to_a_member_outside_the_group_and_a_forged_one_ba
         results = {}
 
         async def one(i):
-            results[i] = await members[i].averaging.all_reduce(group, xs[i], config=config)
+            results[i] = await members[i].allreduce.all_reduce(group, xs[i], config=config)
 
         async with trio.open_nursery() as nursery:
             for i in range(4):
                 nursery.start_soon(one, i)
         assert all(results[i].parts[3].check == "failed" for i in range(3))
         await trio.sleep(1)   # the members publish their proofs at once
-        assert all(members[i].averaging.statistics()["accusations_published"] == 1
+        assert all(members[i].allreduce.statistics()["accusations_published"] == 1
                    for i in range(3))
         outsider_store = nodes[5].dht.local_store.get(ACCUSATIONS_PREFIX + RUN,
                                                       nodes[5].dht.now())
         assert not outsider_store   # the run's record stays with its members
         reader = nodes[4]
         assert not reader.flags.is_banned(members[3].peer_id, RUN, time.time())
-        assert await reader.averaging.read_accusations(RUN) == 3
+        assert await reader.allreduce.read_accusations(RUN) == 3
         assert reader.flags.count(members[3].peer_id, "equivocation") == 1   # one lie
         assert reader.flags.is_banned(members[3].peer_id, RUN, time.time())
-        assert reader.averaging.statistics()["accusations_upheld"] == 3
-        assert await reader.averaging.read_accusations(RUN) == 0   # each checked once
+        assert reader.allreduce.statistics()["accusations_upheld"] == 3
+        assert await reader.allreduce.read_accusations(RUN) == 0   # each checked once
 
         # Member 1 publishes a forged proof against member 2 (signatures of its own).
         liar = members[1]
@@ -185,7 +185,7 @@ async def test_a_proof_travels_to_a_member_outside_the_group_and_a_forged_one_ba
                               forged.digests, forged.signatures)
         assert await liar.dht.store(ACCUSATIONS_PREFIX + RUN, Accusations([forged]),
                                     liar.dht.now() + 7200, subkey=liar.dht.own_subkey())
-        assert await reader.averaging.read_accusations(RUN) == 1
+        assert await reader.allreduce.read_accusations(RUN) == 1
         assert reader.flags.count(liar.peer_id, "false_accusation") == 1
         assert reader.flags.is_banned(liar.peer_id, RUN, time.time())
         assert reader.flags.count(members[2].peer_id) == 0

@@ -114,7 +114,7 @@ async def test_a_contributor_that_frames_honest_reducers_is_banned_and_their_par
             # every part kept, bit-identical everywhere
             assert results[i].completed and torch.equal(flats[i], flats[0])
             assert [p.check for r, p in enumerate(results[i].parts) if r != i] == ["ok"] * 3
-            stats = nodes[i].averaging.statistics()
+            stats = nodes[i].allreduce.statistics()
             # it disputed the two parts of the others that the liar lied about
             assert stats["disputes_opened"] == 2 == stats["disputes_cleared"]
             assert stats["report_lies"] == 1 and stats["parts_check_failed"] == 0
@@ -122,7 +122,7 @@ async def test_a_contributor_that_frames_honest_reducers_is_banned_and_their_par
             assert nodes[i].flags.is_banned(nodes[2].peer_id, "run", time.time())
             for r in (0, 1, 3):   # never an honest reducer
                 assert nodes[i].flags.count(nodes[r].peer_id) == 0
-        answered = sum(n.averaging.statistics()["disputes_answered"] for n in nodes)
+        answered = sum(n.allreduce.statistics()["disputes_answered"] for n in nodes)
         assert answered == 6
 
 
@@ -187,12 +187,12 @@ async def test_an_uncommitted_sender_is_refused_at_once():
         start = trio.current_time()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(rogue)
-            result = await nodes[0].averaging.all_reduce(group, [torch.ones(3000)],
+            result = await nodes[0].allreduce.all_reduce(group, [torch.ones(3000)],
                                                          config=config)
         assert isinstance(replies[0], Reject) and replies[0].code == "uncommitted"
         assert 1 in result.excluded and result.contributors() == {0}
         assert trio.current_time() - start < config.sender_timeout
-        assert nodes[0].averaging.statistics()["senders_failed"] == 1
+        assert nodes[0].allreduce.statistics()["senders_failed"] == 1
 
 
 async def test_a_reducer_that_counts_itself_beyond_the_caps_is_proven_a_liar():
@@ -208,13 +208,13 @@ async def test_a_reducer_that_counts_itself_beyond_the_caps_is_proven_a_liar():
 
     async with open_memory_nodes(4) as nodes:
         await connect_all(nodes)
-        nodes[3].averaging.part_reducer = Greedy
+        nodes[3].allreduce.part_reducer = Greedy
         group = make_group(nodes, tag=b"greedy")
         xs = inputs(4)
         results = {}
 
         async def one(i):
-            results[i] = await nodes[i].averaging.all_reduce(
+            results[i] = await nodes[i].allreduce.all_reduce(
                 group, xs[i], weight=100.0 if i == 3 else 1.0, config=CONFIG)
 
         async with trio.open_nursery() as nursery:

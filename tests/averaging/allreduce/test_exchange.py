@@ -69,7 +69,7 @@ def stall_results_for(node, sender: int, done_to_others: trio.Event | None = Non
     """Make ``node``'s reducer send nothing to ``sender`` (a reducer slow for one
     member), until that member ends its stream; ``done_to_others`` is set once
     it delivered its part to every other sender."""
-    service = node.averaging
+    service = node.allreduce
     original = service._send_results
     delivered: set[int] = set()
 
@@ -100,11 +100,11 @@ async def test_a_reducer_that_dies_after_answering_some_leaves_every_survivor_al
         results = {}
 
         async def member(i):
-            results[i] = await nodes[i].averaging.all_reduce(group, xs[i], config=CONFIG)
+            results[i] = await nodes[i].allreduce.all_reduce(group, xs[i], config=CONFIG)
 
         async def doomed():
             try:
-                await nodes[2].averaging.all_reduce(group, xs[2], config=CONFIG)
+                await nodes[2].allreduce.all_reduce(group, xs[2], config=CONFIG)
             except BaseException:   # noqa: BLE001 - it is killed mid-call
                 pass
 
@@ -125,7 +125,7 @@ async def test_a_reducer_that_dies_after_answering_some_leaves_every_survivor_al
         fa, fb = flat(a.tensors), flat(b.tensors)
         assert torch.equal(fa[:lo], fb[:lo])
         assert torch.equal(fa[lo:hi], flat(xs[0])[lo:hi])   # its own values again
-        stats = nodes[0].averaging.statistics()
+        stats = nodes[0].allreduce.statistics()
         assert stats["parts_dropped"] == 1 and stats["haves_heard"] == 1
 
 
@@ -143,7 +143,7 @@ async def test_a_reducer_alive_but_silent_to_one_member_leaves_its_part_disputed
         results = {}
 
         async def member(i):
-            results[i] = await nodes[i].averaging.all_reduce(group, xs[i], config=CONFIG)
+            results[i] = await nodes[i].allreduce.all_reduce(group, xs[i], config=CONFIG)
 
         start = trio.current_time()
         async with trio.open_nursery() as nursery:
@@ -157,7 +157,7 @@ async def test_a_reducer_alive_but_silent_to_one_member_leaves_its_part_disputed
             assert results[i].parts[2].lacked_by == (1,)
         assert results[1].disputed == ()
         assert torch.equal(flat(results[0].tensors), flat(results[2].tensors))
-        assert nodes[0].averaging.statistics()["parts_disputed"] == 1
+        assert nodes[0].allreduce.statistics()["parts_disputed"] == 1
 
 
 async def test_every_member_hears_every_other_in_a_clean_round(autojump_clock):
@@ -168,7 +168,7 @@ async def test_every_member_hears_every_other_in_a_clean_round(autojump_clock):
         results = {}
 
         async def member(i):
-            results[i] = await nodes[i].averaging.all_reduce(group, xs[i], config=CONFIG)
+            results[i] = await nodes[i].allreduce.all_reduce(group, xs[i], config=CONFIG)
 
         async with trio.open_nursery() as nursery:
             for i in range(4):
@@ -185,7 +185,7 @@ async def test_bad_or_foreign_haves_are_refused_and_late_ones_answered(autojump_
         xs = inputs(3)
         async with trio.open_nursery() as nursery:
             for i in range(3):
-                nursery.start_soon(nodes[i].averaging.all_reduce, group, xs[i])
+                nursery.start_soon(nodes[i].allreduce.all_reduce, group, xs[i])
 
         async def have(sender_node, to, message):
             async with sender_node.open_stream(to.peer_id, ALLREDUCE_PROTOCOL_ID) as stream:
@@ -205,17 +205,17 @@ async def test_bad_or_foreign_haves_are_refused_and_late_ones_answered(autojump_
         reply = await have(nodes[2], nodes[0], Have(gid, 2, [0]))
         assert isinstance(reply, Reject) and reply.code == "not_exchanging"
         # A part twice, or a part that is no member's: a protocol error, the stream reset.
-        before = nodes[1].averaging.statistics()["protocol_errors"]
+        before = nodes[1].allreduce.statistics()["protocol_errors"]
         for parts in ([0, 0], [7]):
             with pytest.raises(P2PDLError):   # reset by the member
                 await have(nodes[0], nodes[1], Have(gid, 0, parts))
-        assert nodes[1].averaging.statistics()["protocol_errors"] == before + 2
+        assert nodes[1].allreduce.statistics()["protocol_errors"] == before + 2
         # And the node still averages with the others.
         group2 = make_group(nodes, tag=b"after")
         results = {}
 
         async def member(i):
-            results[i] = await nodes[i].averaging.all_reduce(group2, xs[i])
+            results[i] = await nodes[i].allreduce.all_reduce(group2, xs[i])
 
         async with trio.open_nursery() as nursery:
             for i in range(3):
@@ -231,7 +231,7 @@ async def test_a_member_that_never_says_what_it_holds_delays_the_others_boundedl
         await connect_all(nodes)
         group = make_group(nodes, tag=b"mute")
         xs = inputs(3)
-        mute = nodes[2].averaging
+        mute = nodes[2].allreduce
 
         async def silent(*args):
             await trio.sleep_forever()
@@ -244,7 +244,7 @@ async def test_a_member_that_never_says_what_it_holds_delays_the_others_boundedl
         results, took = {}, {}
 
         async def member(i):
-            results[i] = await nodes[i].averaging.all_reduce(group, xs[i], config=CONFIG)
+            results[i] = await nodes[i].allreduce.all_reduce(group, xs[i], config=CONFIG)
             took[i] = trio.current_time() - start
 
         start = trio.current_time()

@@ -81,7 +81,7 @@ async def test_a_member_killed_mid_round_leaves_the_others_identical_results(mod
 
             async def survivor(i):
                 node = by_id[ids[i]]
-                results[i] = await node.averaging.all_reduce(group, xs[i], weight=weights[i],
+                results[i] = await node.allreduce.all_reduce(group, xs[i], weight=weights[i],
                                                              config=config)
 
             async def kill_on_event():

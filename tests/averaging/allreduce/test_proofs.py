@@ -60,7 +60,7 @@ async def closed_round(nodes, tag: bytes, config: AllReduceConfig = CONFIG) -> d
     results = {}
 
     async def one(i):
-        results[i] = await members[i].averaging.all_reduce(group, xs[i], config=config)
+        results[i] = await members[i].allreduce.all_reduce(group, xs[i], config=config)
 
     async with trio.open_nursery() as nursery:
         for i in range(4):
@@ -70,7 +70,7 @@ async def closed_round(nodes, tag: bytes, config: AllReduceConfig = CONFIG) -> d
 
 
 def kept(node) -> list[KeptProof]:
-    return list(node.averaging._proofs._kept.values())
+    return list(node.allreduce._proofs._kept.values())
 
 
 def judged(proof: KeptProof):
@@ -89,7 +89,7 @@ async def test_a_lying_reducers_proof_convinces_a_member_outside_the_group(
         liar, reader = nodes[3], nodes[4]
         for i in range(3):
             assert results[i].parts[3].check == "failed"
-            stats = nodes[i].averaging.statistics()
+            stats = nodes[i].allreduce.statistics()
             assert stats["proofs_kept"] == 1 and stats["accusations_published"] == 0
             (proof,) = kept(nodes[i])
             finding = judged(proof)   # the publisher's proof proves what it found
@@ -97,8 +97,8 @@ async def test_a_lying_reducers_proof_convinces_a_member_outside_the_group(
         # the stranger's DHT node holds none of the run's records
         assert not nodes[5].dht.local_store.get(ACCUSATIONS_PREFIX + RUN, nodes[5].dht.now())
         assert not reader.flags.is_banned(liar.peer_id, RUN, time.time())
-        assert await reader.averaging.read_accusations(RUN) == 3
-        stats = reader.averaging.statistics()
+        assert await reader.allreduce.read_accusations(RUN) == 3
+        stats = reader.allreduce.statistics()
         assert stats["proofs_fetched"] == 3 and stats["accusations_upheld"] == 3
         assert stats["lies_proven"] == 1 and stats["accusations_false"] == 0
         assert reader.flags.count(liar.peer_id, "reducer_lie") == 1   # one lie, one flag
@@ -106,14 +106,14 @@ async def test_a_lying_reducers_proof_convinces_a_member_outside_the_group(
         for i in range(3):
             assert reader.flags.count(nodes[i].peer_id) == 0
             # (to the reader, and to the other two publishers, who read at once)
-            assert nodes[i].averaging.statistics()["proofs_served"] == 3
-        assert await reader.averaging.read_accusations(RUN) == 0   # each judged once
+            assert nodes[i].allreduce.statistics()["proofs_served"] == 3
+        assert await reader.allreduce.read_accusations(RUN) == 0   # each judged once
         # The members read each other's claims on their own: the lie they proved
         # themselves flags nothing more.
         await trio.sleep(CONFIG.accusation_interval + 5)
         for i in range(3):
             assert nodes[i].flags.count(liar.peer_id, "reducer_lie") == 1
-            assert nodes[i].averaging.statistics()["proofs_fetched"] == 2
+            assert nodes[i].allreduce.statistics()["proofs_fetched"] == 2
 
 
 async def test_a_framers_proof_bans_the_framer_and_never_the_honest_reducers(
@@ -127,7 +127,7 @@ async def test_a_framers_proof_bans_the_framer_and_never_the_honest_reducers(
             for proof in kept(nodes[i]):
                 finding = judged(proof)
                 assert not finding.reducer_lied and finding.liars == {2}
-        assert await reader.averaging.read_accusations(RUN) > 0
+        assert await reader.allreduce.read_accusations(RUN) > 0
         assert reader.flags.count(framer.peer_id, "report_lie") == 1
         assert reader.flags.is_banned(framer.peer_id, RUN, time.time())
         for i in (0, 1, 3):
@@ -190,15 +190,15 @@ async def test_a_false_proof_proves_nothing_and_bans_its_publisher(monkeypatch,
         # Member 1 publishes, under its own subkey, a claim of a tampered proof
         # it serves; and a claim of one it does not serve.
         false = tamper(proof, "result")
-        digest = publisher.averaging._proofs.add(dataclasses.replace(false, run_id=RUN))
+        digest = publisher.allreduce._proofs.add(dataclasses.replace(false, run_id=RUN))
         header = proof.header
         claims = [DisputeClaim(header.dispute.group_id, header.part, digest),
                   DisputeClaim(header.dispute.group_id, header.part, b"\1" * 32)]
         assert await publisher.dht.store(ACCUSATIONS_PREFIX + RUN, Accusations([], claims),
                                          publisher.dht.now() + 7200,
                                          subkey=publisher.dht.own_subkey())
-        await reader.averaging.read_accusations(RUN)
-        stats = reader.averaging.statistics()
+        await reader.allreduce.read_accusations(RUN)
+        stats = reader.allreduce.statistics()
         assert reader.flags.count(publisher.peer_id, "false_accusation") == 1
         assert reader.flags.is_banned(publisher.peer_id, RUN, time.time())
         assert stats["accusations_false"] == 1 and stats["proofs_unfetched"] == 1

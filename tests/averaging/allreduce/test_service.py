@@ -69,7 +69,7 @@ async def run_all(nodes, group, xs, weights, config=EXACT, skip=()):
     results = {}
 
     async def one(i):
-        results[i] = await nodes[i].averaging.all_reduce(group, xs[i], weight=weights[i],
+        results[i] = await nodes[i].allreduce.all_reduce(group, xs[i], weight=weights[i],
                                                          config=config)
 
     async with trio.open_nursery() as nursery:
@@ -119,7 +119,7 @@ async def test_a_second_round_and_inplace():
             results = {}
 
             async def one(i, group=group, xs=xs, results=results):
-                results[i] = await nodes[i].averaging.all_reduce(group, xs[i], config=EXACT,
+                results[i] = await nodes[i].allreduce.all_reduce(group, xs[i], config=EXACT,
                                                                  inplace=True)
 
             async with trio.open_nursery() as nursery:
@@ -128,7 +128,7 @@ async def test_a_second_round_and_inplace():
             for i in range(3):
                 assert results[i].tensors[0] is xs[i][0]
                 assert max_error(xs[i], truth) < 1e-6
-        assert nodes[0].averaging.statistics()["completed"] == 2
+        assert nodes[0].allreduce.statistics()["completed"] == 2
 
 
 @pytest.mark.parametrize("codec", ["fp16", "uint8"])
@@ -275,7 +275,7 @@ async def test_bad_values_from_one_peer_are_rejected_and_the_round_completes(how
             assert config.sender_timeout <= elapsed < config.sender_timeout + 10.0
         else:
             assert elapsed < config.sender_timeout
-        assert all(n.averaging.statistics()["active"] == 0 for n in nodes)
+        assert all(n.allreduce.statistics()["active"] == 0 for n in nodes)
 
 
 async def test_different_tensors_are_refused_as_layout_mismatch_without_hanging(
@@ -323,7 +323,7 @@ async def test_centered_clip_bounds_a_scaling_member_and_every_member_agrees():
         group = make_group(nodes[:2], tag=b"mixed")
 
         async def one(i, out):
-            out[i] = await nodes[i].averaging.all_reduce(group, xs[i], config=mixed[i])
+            out[i] = await nodes[i].allreduce.all_reduce(group, xs[i], config=mixed[i])
 
         outcome = {}
         async with trio.open_nursery() as nursery:
@@ -353,7 +353,7 @@ async def test_a_member_whose_values_are_outliers_three_rounds_running_is_banned
             if round_ == 2:  # the third outlier round bans it on every honest reducer
                 for node in nodes[:3]:
                     assert node.flags.is_banned(attacker, "run", time.time())
-                    assert node.averaging.statistics()["outliers_flagged"] == 3
+                    assert node.allreduce.statistics()["outliers_flagged"] == 3
                     assert node.flags.count(attacker, "outlier_values") == 3
             if round_ == 3:  # banned: no honest reducer takes its values, nobody sends
                 for r in honest:  # it any (its part keeps each member's own values)
@@ -373,7 +373,7 @@ async def test_a_member_whose_values_are_outliers_three_rounds_running_is_banned
 async def test_bad_arguments_are_clear_errors():
     async with open_nodes(2) as nodes:
         group = make_group(nodes)
-        service = nodes[0].averaging
+        service = nodes[0].allreduce
         for tensors, weight, match in [
             ([torch.ones(3)], float("nan"), "weight"),
             ([torch.ones(3)], -1.0, "weight"),
@@ -415,7 +415,7 @@ async def test_streams_for_unknown_or_finished_groups_are_refused(autojump_clock
         assert await begin(b"\1" * 32) == "unknown_group"
         assert 0.4 < trio.current_time() - start < 3
         assert await begin(group.group_id) == "finished"
-        assert nodes[1].averaging.statistics()["streams_rejected"] == 2
+        assert nodes[1].allreduce.statistics()["streams_rejected"] == 2
 
 
 async def test_a_waiting_stream_whose_sender_left_stops_waiting_at_once(autojump_clock):
@@ -424,12 +424,12 @@ async def test_a_waiting_stream_whose_sender_left_stops_waiting_at_once(autojump
         async with nodes[0].open_stream(nodes[1].peer_id, ALLREDUCE_PROTOCOL_ID) as stream:
             await stream.send_message(Begin(b"\2" * 32, 0, 1, b"\0" * 32, 1.0))
             with trio.fail_after(5):
-                while nodes[1].averaging.statistics()["waiting"] == 0:
+                while nodes[1].allreduce.statistics()["waiting"] == 0:
                     await trio.sleep(0.01)
             await stream.reset()
         start = trio.current_time()
         with trio.fail_after(5):
-            while nodes[1].averaging.statistics()["waiting"]:
+            while nodes[1].allreduce.statistics()["waiting"]:
                 await trio.sleep(0.01)
         assert trio.current_time() - start < 1.0  # not join_wait
 
@@ -456,4 +456,4 @@ async def test_a_member_gone_before_the_round_is_not_waited_for(autojump_clock):
         flat = [torch.cat([t.flatten() for t in results[i].tensors])[lo:hi] for i in (0, 1)]
         assert torch.equal(flat[0], flat[1])
         assert torch.allclose(flat[0], torch.cat([t.flatten() for t in truth])[lo:hi])
-        assert nodes[0].averaging.statistics()["senders_excluded"] >= 1
+        assert nodes[0].allreduce.statistics()["senders_excluded"] >= 1

@@ -318,7 +318,7 @@ async def test_a_round_leaves_no_reference_cycle_and_reuses_its_buffers():
         config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000),
                                  chunk_values=1024)
         await run_group(nodes, config, b"cycle-0", seed=1)   # a first round: the buffers
-        scratch = nodes[0].averaging._scratch
+        scratch = nodes[0].allreduce._scratch
         before = {b.data_ptr() for b in scratch._free}
         assert before
         gc.collect()
@@ -414,7 +414,7 @@ async def test_a_lying_reducer_is_caught_by_every_member_and_its_part_dropped(mo
             for r in range(3):
                 if r != me:
                     assert result.parts[r].check == "ok", result.parts[r]
-            stats = nodes[me].averaging.statistics()
+            stats = nodes[me].allreduce.statistics()
             assert stats["parts_check_failed"] == 1 and stats["parts_checked"] == 3
             # it disputed the part; the reducer's evidence did not clear it: banned
             assert stats["disputes_opened"] == 1 and stats["disputes_cleared"] == 0
@@ -450,7 +450,7 @@ async def test_honest_rounds_pass_every_check_and_verify_off_sends_nothing():
                 checks = [p.check for r, p in enumerate(results[i].parts) if r != i]
                 assert checks == (["ok"] * 3 if verify else [None] * 3)
         for node in nodes:
-            stats = node.averaging.statistics()
+            stats = node.allreduce.statistics()
             assert stats["parts_checked"] == 3 and stats["parts_check_failed"] == 0
             assert node.flags.flagged("run") == {}
 
@@ -463,7 +463,7 @@ async def run_group(nodes, config, tag, seed=0):
     results = {}
 
     async def one(i):
-        results[i] = await nodes[i].averaging.all_reduce(group, xs[i], config=config)
+        results[i] = await nodes[i].allreduce.all_reduce(group, xs[i], config=config)
 
     async with trio.open_nursery() as nursery:
         for i in range(len(nodes)):
@@ -501,7 +501,7 @@ async def test_a_contributor_whose_report_is_a_lie_on_its_face_is_flagged_not_th
             assert all(p.completed for p in results[i].parts)
             assert [p.check for r, p in enumerate(results[i].parts) if r != i] == ["ok"] * 3
             assert nodes[i].flags.count(nodes[2].peer_id, "report_beyond_bound") == 1
-            assert nodes[i].averaging.statistics()["reports_refused"] == 3 - (i == 2)
+            assert nodes[i].allreduce.statistics()["reports_refused"] == 3 - (i == 2)
             for r in range(4):
                 assert nodes[i].flags.count(nodes[r].peer_id, "reducer_check_failed") == 0
 
@@ -531,7 +531,7 @@ async def test_a_malformed_check_resets_the_exchange_and_changes_nothing(monkeyp
         await connect_all(nodes)
         results, _ = await run_group(nodes, config, b"malformed-check")
         for i in (0, 2, 3):
-            stats = nodes[i].averaging.statistics()
+            stats = nodes[i].allreduce.statistics()
             assert stats["protocol_errors"] == 1, (i, stats)
             # member 1's reports were not heard: unknown within their bound, the
             # honest results still pass
@@ -596,7 +596,7 @@ async def test_members_share_one_joint_nonce_so_each_part_is_sketched_once():
                                  chunk_values=1024)
         results, _ = await run_group(nodes, config, b"joint", seed=4)
         for i, node in enumerate(nodes):
-            stats = node.averaging.statistics()
+            stats = node.allreduce.statistics()
             assert [p.check for r, p in enumerate(results[i].parts) if r != i] == ["ok"] * 3
             assert stats["reports_sketched"] == 4, stats   # one per part (its own included)
             assert stats["nonces_withheld"] == 0
@@ -626,7 +626,7 @@ async def honest_members_beside(monkeypatch, member_one, tag, seed):
     async with open_memory_nodes(4) as nodes:
         await connect_all(nodes)
         results, _ = await run_group(nodes, config, tag, seed=seed)
-        return [(results[i], nodes[i].averaging.statistics(), nodes[i].flags.flagged("run"))
+        return [(results[i], nodes[i].allreduce.statistics(), nodes[i].flags.flagged("run"))
                 for i in (0, 2, 3)]
 
 

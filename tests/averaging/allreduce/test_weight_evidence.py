@@ -80,7 +80,7 @@ async def test_an_honest_report_on_the_begin_alone_backs_the_weight(no_gossip,
             assert result.completed
             assert max_error(result.tensors, truth) < 1e-6
         for node, tracker in zip(nodes, trackers, strict=True):
-            assert node.averaging.statistics()["weights_capped"] == 0
+            assert node.allreduce.statistics()["weights_capped"] == 0
             assert node.flags.flagged() == {}
             stats = tracker.statistics()
             assert stats["evidence_received"] == 2 and stats["evidence_refused"] == 0
@@ -116,7 +116,7 @@ async def test_a_report_that_does_not_back_the_claim_is_refused_and_the_sender_c
         attacker = 2
         trackers = await tracked(stack, nodes, [100, 200, 0])
         report = forged(nodes[attacker], nodes[0], kind)
-        nodes[attacker].averaging._own_report = lambda run_id, epoch: report
+        nodes[attacker].allreduce._own_report = lambda run_id, epoch: report
         group = make_group(nodes, clients={attacker})   # it reduces nothing
         xs = inputs(3)
         results = await run_all(nodes, group, xs, [float(w) for w in weights], EXACT)
@@ -128,7 +128,7 @@ async def test_a_report_that_does_not_back_the_claim_is_refused_and_the_sender_c
         bad = nodes[attacker].peer_id
         for i in (0, 1):
             node, stats = nodes[i], trackers[i].statistics()
-            assert node.averaging.statistics()["weights_capped"] == 1
+            assert node.allreduce.statistics()["weights_capped"] == 1
             assert node.flags.count(bad, "weight_beyond_evidence") == 1
             assert node.progress.reported_samples("run", bad, EPOCH) == 0
             assert stats["evidence_received"] == 2 and stats["evidence_refused"] == 1

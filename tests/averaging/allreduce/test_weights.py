@@ -99,7 +99,7 @@ async def test_an_inflated_weight_is_capped_at_its_evidence(count, monkeypatch, 
         assert left > 0.2
         assert float(flat @ mean) / float(mean @ mean) == pytest.approx(left, rel=1e-4)
         for i in range(count - 1):
-            stats = nodes[i].averaging.statistics()
+            stats = nodes[i].allreduce.statistics()
             assert stats["weights_capped"] == 1
             assert nodes[i].flags.count(nodes[attacker].peer_id, "weight_beyond_evidence") == 1
             (flag,) = nodes[i].flags.flags_of(nodes[attacker].peer_id)
@@ -132,8 +132,8 @@ async def test_without_evidence_the_share_cap_holds_an_inflated_weight_to_half(
         # share cap bounds the weight, not what the values do with it.
         assert max(float(t.abs().max()) for t in results[1].tensors) < 1e-4
         for node in nodes:
-            assert node.averaging.statistics()["weights_capped"] == 0
-            assert node.averaging.statistics()["weights_share_capped"] == 1
+            assert node.allreduce.statistics()["weights_capped"] == 0
+            assert node.allreduce.statistics()["weights_share_capped"] == 1
             assert node.flags.count(nodes[attacker].peer_id) == 0   # no evidence, no flag
 
 
@@ -155,7 +155,7 @@ async def test_honest_rounds_with_evidence_are_unchanged_and_identical(monkeypat
             assert max_error(result.tensors, truth) < 1e-6
         same_everywhere(results)
         for node in nodes:
-            stats = node.averaging.statistics()
+            stats = node.allreduce.statistics()
             assert stats["weights_capped"] == 0 and stats["weights_share_capped"] == 0
             assert node.flags.flagged() == {}
         assert len(asked) == 4 * 3   # every reducer asked about each of its 3 senders
@@ -197,7 +197,7 @@ async def test_senders_introduce_themselves_to_every_reducer_before_streaming(au
             async def introduce(peer, run_id, me=node.peer_id):
                 introduced.append((me, peer, run_id))
 
-            node.averaging._introduce = introduce
+            node.allreduce._introduce = introduce
         group = make_group(nodes, clients={2})   # 2 reduces nothing: nobody dials it
         results = await run_all(nodes, group, inputs(3), [1.0, 1.0, 1.0], EXACT)
         assert all(r.completed for r in results.values())
@@ -233,7 +233,7 @@ async def test_a_fast_sender_is_held_back_without_being_excluded(monkeypatch, au
                     chunk.header(), chunk.codec.encode(session.flat[chunk.start:chunk.end]))
                 await trio.sleep(1.5)
 
-        nodes[2].averaging._send_values = slow_send
+        nodes[2].allreduce._send_values = slow_send
         start = trio.current_time()
         results = await run_all(nodes, group, xs, [1.0, 1.0, 1.0], config)
         assert trio.current_time() - start > 5 * config.sender_timeout
@@ -281,5 +281,5 @@ async def test_under_a_robust_rule_a_claim_without_evidence_buys_at_most_the_med
             assert {c.weight for p in result.parts for c in p.contributions} == {700.0}
         same_everywhere(results)
         for node in nodes:
-            stats = node.averaging.statistics()
+            stats = node.allreduce.statistics()
             assert stats["weights_ratio_capped"] == 2 and stats["weights_share_capped"] == 0

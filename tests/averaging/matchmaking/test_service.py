@@ -30,7 +30,7 @@ from p2pdl.errors import (
     RemoteError,
     StreamClosedError,
 )
-from p2pdl.nat import ReachabilityConfig
+from p2pdl.nat import NatConfig
 from p2pdl.testing import open_memory_nodes, open_memory_swarm, open_nodes, wait_for_dht
 from p2pdl.wire import FrameKind
 from p2pdl.wire._frames import frame_header
@@ -113,7 +113,7 @@ async def test_sixteen_peers_with_target_eight_form_two_identical_groups(autojum
 
 async def test_client_mode_peers_join_groups_and_never_lead(autojump_clock):
     config = mm_config(target_group_size=4, matchmaking_time=10)
-    client_config = dataclasses.replace(config, nat=ReachabilityConfig(client_mode=True))
+    client_config = dataclasses.replace(config, nat=NatConfig(client_mode=True))
     async with open_memory_swarm() as swarm:
         servers = await swarm.add_nodes(6, config)
         clients = await swarm.add_nodes(4, client_config)
@@ -145,7 +145,7 @@ async def test_client_mode_peers_join_groups_and_never_lead(autojump_clock):
 
 async def test_members_capacities_give_every_member_the_leaders_load_plan(autojump_clock):
     config = mm_config(target_group_size=4, matchmaking_time=10)
-    client_config = dataclasses.replace(config, nat=ReachabilityConfig(client_mode=True))
+    client_config = dataclasses.replace(config, nat=NatConfig(client_mode=True))
     async with open_memory_swarm() as swarm:
         servers = await swarm.add_nodes(3, config)
         (client,) = await swarm.add_nodes(1, client_config)
