@@ -32,7 +32,9 @@ Layers, bottom to top; a layer imports only the layers below it
 """
 
 from ._config import NodeConfig as NodeConfig
+from ._node import SERVICES as SERVICES
 from ._node import NodeStatistics as NodeStatistics
+from ._node import ServiceEntry as ServiceEntry
 from ._node import TrioNode as TrioNode
 from ._node import open_node as open_node
 from ._portal import Portal as Portal

@@ -14,9 +14,9 @@ import dataclasses
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager, nullcontext
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 from libp2p.crypto.keys import KeyPair
@@ -24,6 +24,20 @@ from libp2p.peer.id import ID
 
 from ._concurrency import open_service_nursery
 from ._config import NodeConfig
+from ._faces import (
+    AsyncioAllReduce,
+    AsyncioDHT,
+    AsyncioMatchmaking,
+    AsyncioMembership,
+    AsyncioProgress,
+    AsyncioStateSync,
+    SyncAllReduce,
+    SyncDHT,
+    SyncMatchmaking,
+    SyncMembership,
+    SyncProgress,
+    SyncStateSync,
+)
 from .averaging import (
     ALLREDUCE_PROTOCOL_ID,
     MATCHMAKING_PROTOCOL_ID,
@@ -75,62 +89,151 @@ from .wire import (
     open_framed_stream,
 )
 
-__all__ = ["NodeConfig", "TrioNode", "open_node", "NodeStatistics", "SERVICES"]
+__all__ = ["NodeConfig", "TrioNode", "open_node", "NodeStatistics", "SERVICES", "ServiceEntry",
+           "statistics_record"]
+
+if TYPE_CHECKING:
+    from ._portal import Portal
 
 logger = logging.getLogger(__name__)
 
 ServiceBuilder = Callable[[ServiceContext, NodeConfig, dict[str, Any]], Service]
 
-#: The node's protocol services, in the order they are built and started: a
-#: name (the node's attribute) and how to build the service from the context,
-#: the node's config and the services built before it (docs/architecture.md,
-#: "How to add a protocol", says what else a new protocol touches).
-SERVICES: tuple[tuple[str, ServiceBuilder], ...] = (
-    ("nat", lambda ctx, cfg, s: NatService(ctx, cfg.nat)),
-    ("dht", lambda ctx, cfg, s: DHTService(ctx, cfg.dht, reachability=s["nat"],
-                                           schemas=cfg.dht_schemas)),
-    ("membership", lambda ctx, cfg, s: MembershipService(
-        ctx, cfg.membership, dht=s["dht"],
-        averaging_protocols=(MATCHMAKING_PROTOCOL_ID, ALLREDUCE_PROTOCOL_ID))),
-    ("progress", lambda ctx, cfg, s: ProgressService(ctx, cfg.progress, dht=s["dht"],
-                                                     reachability=s["nat"])),
-    ("matchmaking", lambda ctx, cfg, s: MatchmakingService(ctx, cfg.matchmaking, dht=s["dht"],
-                                                           reachability=s["nat"])),
-    ("allreduce", lambda ctx, cfg, s: AllReduceService(
-        ctx, cfg.allreduce, weight_evidence=s["progress"].weight_evidence,
-        own_report=s["progress"].signed_report, dht=s["dht"])),
-    ("statesync", lambda ctx, cfg, s: StateSyncService(ctx, cfg.statesync)),
-)
+FaceBuilder = Callable[["Portal", "TrioNode", NodeConfig], Any]
 
 
 @dataclasses.dataclass(frozen=True)
-class NodeStatistics(Statistics):
-    """What ``node.statistics()`` says: the node, its connections, and each service's record."""
+class ServiceEntry:
+    """One protocol service of the node, declared once (docs/architecture.md,
+    "How to add a protocol").
 
-    peer_id: str
-    connected_peers: int
-    rpc_channels: int
-    reachability: str
-    client_mode: bool
-    relay_reservations: int
-    paths: dict[str, int]
-    host: HostStatistics
-    admission: AdmissionStatistics
-    nat: Statistics
-    dht: Statistics
-    membership: Statistics
-    progress: Statistics
-    matchmaking: Statistics
-    allreduce: Statistics
-    statesync: Statistics
+    ``name``: the service's package (``p2pdl.<...>.<name>``) and everything
+    the node names after it: ``node.<name>`` on every face, the
+    ``NodeStatistics`` field, the ``NodeConfig`` field of its settings.
+    ``service``: its class.  ``build``: how to build it from the context,
+    the node's config and the services built before it (by name).
+    ``sync_face`` and ``aio_face``: how ``p2pdl.Node`` and ``node.aio``
+    show it (from the portal, the trio node and the config; None: they do
+    not).  ``about``: one line for people.
+    """
+
+    name: str
+    service: type
+    build: ServiceBuilder
+    sync_face: FaceBuilder | None = None
+    aio_face: FaceBuilder | None = None
+    about: str = ""
+
+
+#: The node's protocol services, in the order they are built and started.
+SERVICES: tuple[ServiceEntry, ...] = (
+    ServiceEntry("nat", NatService, lambda ctx, cfg, s: NatService(ctx, cfg.nat),
+                 about="reachability by dial-back and client mode (docs/nat.md)"),
+    ServiceEntry("dht", DHTService,
+                 lambda ctx, cfg, s: DHTService(ctx, cfg.dht, reachability=s["nat"],
+                                                schemas=cfg.dht_schemas),
+                 lambda portal, node, cfg: SyncDHT(portal, node.dht, cfg.dht),
+                 lambda portal, node, cfg: AsyncioDHT(portal, node.dht),
+                 about="the DHT: store, get, announce, find_peers (docs/dht.md)"),
+    ServiceEntry("membership", MembershipService,
+                 lambda ctx, cfg, s: MembershipService(
+                     ctx, cfg.membership, dht=s["dht"],
+                     averaging_protocols=(MATCHMAKING_PROTOCOL_ID, ALLREDUCE_PROTOCOL_ID)),
+                 lambda portal, node, cfg: SyncMembership(portal, node.membership,
+                                                          cfg.dht.operation_timeout),
+                 lambda portal, node, cfg: AsyncioMembership(portal, node.membership),
+                 about="who may touch which run: runs, members, add_run, "
+                       "publish_revocations (docs/security.md)"),
+    ServiceEntry("progress", ProgressService,
+                 lambda ctx, cfg, s: ProgressService(ctx, cfg.progress, dht=s["dht"],
+                                                     reachability=s["nat"]),
+                 lambda portal, node, cfg: SyncProgress(portal, node.progress),
+                 lambda portal, node, cfg: AsyncioProgress(portal, node.progress),
+                 about="training progress: track(run_id, target) (docs/progress.md)"),
+    ServiceEntry("matchmaking", MatchmakingService,
+                 lambda ctx, cfg, s: MatchmakingService(ctx, cfg.matchmaking, dht=s["dht"],
+                                                        reachability=s["nat"]),
+                 lambda portal, node, cfg: SyncMatchmaking(portal, node.matchmaking),
+                 lambda portal, node, cfg: AsyncioMatchmaking(portal, node.matchmaking),
+                 about="averaging groups: form_group(run_id, epoch) (docs/matchmaking.md)"),
+    ServiceEntry("allreduce", AllReduceService,
+                 lambda ctx, cfg, s: AllReduceService(
+                     ctx, cfg.allreduce, weight_evidence=s["progress"].weight_evidence,
+                     own_report=s["progress"].signed_report, dht=s["dht"]),
+                 lambda portal, node, cfg: SyncAllReduce(portal, node.allreduce,
+                                                         node.matchmaking),
+                 lambda portal, node, cfg: AsyncioAllReduce(portal, node.allreduce,
+                                                            node.matchmaking),
+                 about="butterfly all-reduce: all_reduce(group, tensors, weight=samples) "
+                       "(docs/allreduce.md)"),
+    ServiceEntry("statesync", StateSyncService,
+                 lambda ctx, cfg, s: StateSyncService(ctx, cfg.statesync),
+                 lambda portal, node, cfg: SyncStateSync(portal, node.statesync),
+                 lambda portal, node, cfg: AsyncioStateSync(portal, node.statesync),
+                 about="training state for joiners: share(run_id, epoch, payload), "
+                       "fetch(run_id, donors) (docs/statesync.md)"),
+)
+
+
+def _checked_services(entries: Sequence[ServiceEntry]) -> tuple[ServiceEntry, ...]:
+    """``entries``, if a node can run them: every entry of :data:`SERVICES`
+    (the node itself relies on them) first, in order, and names that are
+    distinct and no other attribute of the node; else a ConfigError."""
+    entries = tuple(entries)
+    names = [entry.name for entry in entries]
+    if entries[:len(SERVICES)] != SERVICES:
+        raise ConfigError("services must begin with every entry of SERVICES, in order "
+                          "(the node relies on them); add yours after them")
+    own = _RESERVED | {name for name, _ in _NODE_FIELDS} | set(dir(TrioNode))
+    taken = [name for name in names[len(SERVICES):] if name in own or not name.isidentifier()]
+    if len(set(names)) != len(names) or taken:
+        raise ConfigError(f"service names must be distinct identifiers, none a name the "
+                          f"node uses itself: {sorted(set(taken)) or names}")
+    return entries
+
+
+def statistics_record(entries: Sequence[ServiceEntry]) -> type[Statistics]:
+    """The record ``node.statistics()`` returns for a node of these services:
+    the node's own fields, then one per service, named as it is."""
+    fields: list[Any] = [(name, kind) for name, kind in _NODE_FIELDS]
+    fields += [(entry.name, Statistics) for entry in entries]
+    record = dataclasses.make_dataclass("NodeStatistics", fields, bases=(Statistics,),
+                                        frozen=True)
+    record.__module__ = __name__
+    record.__doc__ = ("What ``node.statistics()`` says: the node, its connections, and "
+                      "each service's record (a field per service, named as it is).")
+    return record
+
+
+#: Names a service may not take (the statistics record's own fields besides).
+_RESERVED = {"services", "aio"}
+_NODE_FIELDS: tuple[tuple[str, Any], ...] = (
+    ("peer_id", str), ("connected_peers", int), ("rpc_channels", int),
+    ("reachability", str), ("client_mode", bool), ("relay_reservations", int),
+    ("paths", dict), ("host", HostStatistics), ("admission", AdmissionStatistics))
+#: What ``node.statistics()`` says for the node's :data:`SERVICES`.
+NodeStatistics = statistics_record(SERVICES)
 
 
 class TrioNode:
-    """A running node, for trio code.  Obtain one from :func:`open_node`."""
+    """A running node, for trio code.  Obtain one from :func:`open_node`.
+
+    Each service of :data:`SERVICES` (or of the ``services`` given to
+    :func:`open_node`) is ``node.<name>``; those of :data:`SERVICES` are
+    typed below."""
+
+    nat: NatService
+    dht: DHTService
+    membership: MembershipService
+    progress: ProgressService
+    matchmaking: MatchmakingService
+    allreduce: AllReduceService
+    statesync: StateSyncService
 
     def __init__(self, host: Host, config: NodeConfig, nursery: trio.Nursery,
                  admission: AdmissionGate | None = None, clock: Callable[[], float] = time.time,
-                 runs: Iterable[RunPolicy] = ()) -> None:
+                 runs: Iterable[RunPolicy] = (),
+                 services: Sequence[ServiceEntry] = SERVICES) -> None:
         self._host = host
         self._config = config
         self._nursery = nursery
@@ -144,10 +247,13 @@ class TrioNode:
         context = ServiceContext(host, self._introduced_call, config.wire, clock,
                                  members=self._gate, flags=self._flags,
                                  introduce=self._introduce)
+        self._entries = _checked_services(services)
+        self._statistics = NodeStatistics if self._entries == SERVICES \
+            else statistics_record(self._entries)
         self._services: dict[str, Any] = {}
-        for name, build in SERVICES:
-            service = build(context, config, self._services)
-            self._services[name] = service
+        for entry in self._entries:
+            service = entry.build(context, config, self._services)
+            self._services[entry.name] = service
             for endpoint in service.endpoints():
                 self._install(endpoint)
         membership: MembershipService = self._services["membership"]
@@ -188,45 +294,17 @@ class TrioNode:
         """Peers this node caught lying about themselves, by run and kind (local knowledge)."""
         return self._flags
 
-    @property
-    def membership(self) -> MembershipService:
-        """Who may touch which run: ``runs()``, ``members(run_id)``, ``add_run(policy)``,
-        ``publish_revocations(list)`` (docs/security.md)."""
-        return self._services["membership"]
+    def __getattr__(self, name: str) -> Any:
+        # Only for names not found otherwise: the services, by name.
+        services = self.__dict__.get("_services")
+        if services is not None and name in services:
+            return services[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
-    def nat(self) -> NatService:
-        """Reachability by dial-back and client mode (docs/nat.md)."""
-        return self._services["nat"]
-
-    @property
-    def dht(self) -> DHTService:
-        """The DHT: ``store``, ``get``, ``announce``, ``find_peers`` (docs/dht.md)."""
-        return self._services["dht"]
-
-    @property
-    def progress(self) -> ProgressService:
-        """Training progress: ``async with node.progress.track(run_id, target) as tracker``
-        (docs/progress.md)."""
-        return self._services["progress"]
-
-    @property
-    def matchmaking(self) -> MatchmakingService:
-        """Averaging groups: ``group = await node.matchmaking.form_group(run_id, epoch)``
-        (docs/matchmaking.md)."""
-        return self._services["matchmaking"]
-
-    @property
-    def allreduce(self) -> AllReduceService:
-        """Butterfly all-reduce: ``result = await node.allreduce.all_reduce(group, tensors,
-        weight=samples)`` (docs/allreduce.md)."""
-        return self._services["allreduce"]
-
-    @property
-    def statesync(self) -> StateSyncService:
-        """Training state for joiners: ``share(run_id, epoch, payload)``,
-        ``download = await node.statesync.fetch(run_id, donors)`` (docs/statesync.md)."""
-        return self._services["statesync"]
+    def services(self) -> tuple[ServiceEntry, ...]:
+        """The node's services, as declared (:class:`ServiceEntry`)."""
+        return self._entries
 
     @property
     def nursery(self) -> trio.Nursery:
@@ -382,14 +460,17 @@ class TrioNode:
             return trio.current_time() - start
         raise CallTimeoutError(f"no ping answer from {peer} within {limit:.1f} s")
 
-    def statistics(self) -> NodeStatistics:
+    def statistics(self) -> Any:
+        """:data:`NodeStatistics` (for a node of other services, the same
+        record with their fields: :func:`statistics_record`)."""
         paths = list(self.paths().values())
         services = {name: service.statistics() for name, service in self._services.items()}
-        return NodeStatistics(str(self.peer_id), len(self.connected_peers()),
+        return self._statistics(str(self.peer_id), len(self.connected_peers()),
                               self._rpc.open_channels(), self.reachability.value,
                               self.client_mode, len(self._host.relay_reservations()),
                               {k: paths.count(k) for k in ("direct", "hole-punched", "relayed")},
                               self._host.statistics(), self._gate.statistics(), **services)
+    # (the record's class has one field per service: ``statistics_record``)
 
     def _close(self) -> None:
         self._rpc.close()
@@ -399,6 +480,7 @@ class TrioNode:
 async def open_node(config: NodeConfig | None = None, *, key_pair: KeyPair | None = None,
                     admission: AdmissionGate | None = None, host: Host | None = None,
                     clock: Callable[[], float] = time.time, runs: Iterable[RunPolicy] = (),
+                    services: Sequence[ServiceEntry] = SERVICES,
                     **host_fields: Any) -> AsyncIterator[TrioNode]:
     """Run a node for the duration of the block (trio).
 
@@ -415,6 +497,9 @@ async def open_node(config: NodeConfig | None = None, *, key_pair: KeyPair | Non
     in-memory swarms of :mod:`p2pdl.testing`); ``config.host`` and
     ``key_pair`` are then not used.  ``clock``: the wall clock the services'
     expirations and report times refer to (default ``time.time``).
+    ``services``: the protocol services the node runs (default
+    :data:`SERVICES`; a protocol of your own is one more
+    :class:`ServiceEntry`).
     """
     config = NodeConfig.build(config, **host_fields)
     if host is not None and key_pair is not None:
@@ -422,7 +507,7 @@ async def open_node(config: NodeConfig | None = None, *, key_pair: KeyPair | Non
     opened = nullcontext(host) if host is not None else open_host(config.host,
                                                                             key_pair)
     async with opened as host, open_service_nursery() as nursery:
-        node = TrioNode(host, config, nursery, admission, clock, runs)
+        node = TrioNode(host, config, nursery, admission, clock, runs, services)
         try:
             await node._start()
             yield node

@@ -20,7 +20,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import trio
@@ -42,9 +42,9 @@ from ._faces import (
     SyncProgress,
     SyncStateSync,
 )
-from ._node import NodeStatistics, TrioNode, open_node
+from ._node import SERVICES, NodeStatistics, ServiceEntry, TrioNode, open_node
 from ._portal import Portal
-from .errors import CallTimeoutError, NodeClosedError
+from .errors import CallTimeoutError, ConfigError, NodeClosedError
 from .membership import RunPolicy
 from .net import PeerIDLike
 from .service import AdmissionGate, Reachability
@@ -114,6 +114,8 @@ class Node:
 
     ``runs``: the run policies the node guards (``p2pdl.CertificateRun(...)``;
     docs/security.md); ``node.membership`` shows and changes them.
+    ``services``: the protocol services it runs (default ``SERVICES``); each
+    one's sync face, if it declares one, is ``node.<name>``.
 
     ``node.portal`` runs your own trio code on the node's thread
     (``node.portal.submit(async_fn)``); ``node.trio_node`` is the
@@ -125,11 +127,23 @@ class Node:
     runs, so the program unwinds and the node closes cleanly instead of dying.
     """
 
+    dht: SyncDHT
+    membership: SyncMembership
+    progress: SyncProgress
+    matchmaking: SyncMatchmaking
+    allreduce: SyncAllReduce
+    statesync: SyncStateSync
+
     def __init__(self, config: NodeConfig | None = None, *, start_timeout: float = 60.0,
                  key_pair: KeyPair | None = None, handle_sigterm: bool = True,
                  admission: AdmissionGate | None = None, runs: Iterable[RunPolicy] = (),
-                 **host_fields: Any) -> None:
+                 services: Sequence[ServiceEntry] = SERVICES, **host_fields: Any) -> None:
         self._config = NodeConfig.build(config, **host_fields)
+        self._services = tuple(services)
+        for entry in self._services[len(SERVICES):]:   # faces must not hide the nodes' own
+            if hasattr(Node, entry.name) or hasattr(AsyncioNode, entry.name):
+                raise ConfigError(f"a service may not be called {entry.name!r}: the node "
+                                  f"has an attribute of that name")
         self._sigterm = handle_sigterm and _sigterm_exits.acquire()
         self._key_pair = key_pair
         self._admission = admission
@@ -155,13 +169,9 @@ class Node:
         node, portal = self._node, self._portal
         assert node is not None and portal is not None
         self.aio = AsyncioNode(self, portal, node)
-        self.dht = SyncDHT(portal, node.dht, self._config.dht)
-        self.membership = SyncMembership(portal, node.membership,
-                                         self._config.dht.operation_timeout)
-        self.progress = SyncProgress(portal, node.progress)
-        self.matchmaking = SyncMatchmaking(portal, node.matchmaking)
-        self.allreduce = SyncAllReduce(portal, node.allreduce, node.matchmaking)
-        self.statesync = SyncStateSync(portal, node.statesync)
+        for entry in node.services:   # each service's face, as declared
+            if entry.sync_face is not None:
+                setattr(self, entry.name, entry.sync_face(portal, node, self._config))
 
     def _thread_main(self) -> None:
         try:
@@ -179,7 +189,8 @@ class Node:
     async def _trio_main(self) -> None:
         self._stop = trio.Event()
         async with open_node(self._config, key_pair=self._key_pair,
-                             admission=self._admission, runs=self._runs) as node:
+                             admission=self._admission, runs=self._runs,
+                             services=self._services) as node:
             self._node = node
             self._token = trio.lowlevel.current_trio_token()
             self._portal = Portal(self._token, node.nursery, self._thread)
@@ -311,16 +322,20 @@ class AsyncioNode:
     running; cancelling the awaiting task cancels the operation.
     """
 
+    dht: AsyncioDHT
+    membership: AsyncioMembership
+    progress: AsyncioProgress
+    matchmaking: AsyncioMatchmaking
+    allreduce: AsyncioAllReduce
+    statesync: AsyncioStateSync
+
     def __init__(self, node: Node, portal: Portal, trio_node: TrioNode) -> None:
         self._node = node
         self._portal = portal
         self._trio = trio_node
-        self.dht = AsyncioDHT(portal, trio_node.dht)
-        self.membership = AsyncioMembership(portal, trio_node.membership)
-        self.progress = AsyncioProgress(portal, trio_node.progress)
-        self.matchmaking = AsyncioMatchmaking(portal, trio_node.matchmaking)
-        self.allreduce = AsyncioAllReduce(portal, trio_node.allreduce, trio_node.matchmaking)
-        self.statesync = AsyncioStateSync(portal, trio_node.statesync)
+        for entry in trio_node.services:   # each service's face, as declared
+            if entry.aio_face is not None:
+                setattr(self, entry.name, entry.aio_face(portal, trio_node, node.config))
 
     async def connect(self, address: str, *, timeout: float | None = None) -> ID:
         return await self._portal.aio(lambda: self._trio.connect(address, timeout))

@@ -17,7 +17,6 @@ import ast
 import dataclasses
 import importlib
 import pathlib
-import re
 import subprocess
 import sys
 
@@ -258,9 +257,11 @@ def test_services_are_wiring_not_logic():
 
 
 def test_each_service_is_named_after_its_package():
-    """``node.<name>``, ``NodeStatistics.<name>`` and ``NodeConfig.<name>``
-    of every service are the name of the package that holds it, and the sync
-    and asyncio faces use the same name."""
+    """Every entry of ``SERVICES`` is named after the package of its service
+    class (``node.<name>``, the statistics field and the faces take that
+    name), has the ``NodeConfig`` field of that name, and declares both
+    faces unless the node shows it itself; the type lines of ``TrioNode``,
+    ``Node`` and ``AsyncioNode`` name the same services."""
     import typing
 
     from p2pdl._config import NodeConfig
@@ -269,23 +270,18 @@ def test_each_service_is_named_after_its_package():
 
     stats = {f.name for f in dataclasses.fields(NodeStatistics)}
     config = {f.name for f in dataclasses.fields(NodeConfig)}
-    faces = set(vars(Node).get("__annotations__", {})) | _assigned(Node)
-    aio = _assigned(AsyncioNode)
-    for name, _ in SERVICES:
-        service = typing.get_type_hints(getattr(TrioNode, name).fget)["return"]
-        assert service.__module__.split(".")[-2] == name, (name, service.__module__)
+    for entry in SERVICES:
+        name = entry.name
+        assert entry.service.__module__.split(".")[-2] == name, (name, entry.service)
         assert name in stats and name in config, name
-        if name not in WITHOUT_FACES:
-            assert name in faces and name in aio, name
+        assert typing.get_type_hints(TrioNode)[name] is entry.service, name
+        if name in WITHOUT_FACES:
+            assert entry.sync_face is None and entry.aio_face is None
+            continue
+        assert entry.sync_face is not None and entry.aio_face is not None, name
+        assert name in typing.get_type_hints(Node) and name in typing.get_type_hints(AsyncioNode)
 
 
 #: Services the sync and asyncio nodes show through the node itself, not a face
 #: (``node.reachability``, ``node.client_mode``, ``node.paths``).
 WITHOUT_FACES = {"nat"}
-
-
-def _assigned(cls: type) -> set[str]:
-    """The attributes ``cls`` sets on ``self`` in its source."""
-    import inspect
-
-    return set(re.findall(r"self\.(\w+) = ", inspect.getsource(cls)))

@@ -120,8 +120,8 @@ async def test_every_protocol_consults_the_gate_and_the_node_keeps_serving_other
 
         # Every protocol the node serves is covered here: a new one must be added.
         served_ids = {PING_PROTOCOL_ID, ECHO.protocol_id, RAW}
-        for name, _ in SERVICES:
-            served_ids |= {e.protocol_id for e in getattr(server, name).endpoints()}
+        for entry in SERVICES:
+            served_ids |= {e.protocol_id for e in getattr(server, entry.name).endpoints()}
         assert served_ids == set(REQUESTS) | {ALLREDUCE_PROTOCOL_ID, RAW}
 
         caplog.set_level(logging.INFO)
