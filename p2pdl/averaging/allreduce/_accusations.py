@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import hashlib
 from collections.abc import Mapping, Sequence
-from typing import Annotated
+from typing import Annotated, Any
 
 import msgpack
 from libp2p.peer.id import ID
@@ -158,24 +158,22 @@ class AccusationBoard:
 
     def accuse(self, run_id: str, proof: Equivocation) -> bool:
         """Publish ``proof`` in ``run_id`` (False: it is there already)."""
-        mine = self._mine.setdefault(run_id, collections.OrderedDict())
-        if proof.key in mine:
-            return False
-        mine[proof.key] = proof
-        while len(mine) > MAX_ACCUSATIONS:
-            mine.popitem(last=False)
-        self._pending.add(run_id)
-        self.watch(run_id)
-        return True
+        return self._add(run_id, self._mine.setdefault(run_id, collections.OrderedDict()),
+                         proof.key, proof)
 
     def claim(self, run_id: str, claim: DisputeClaim) -> bool:
         """Publish ``claim`` in ``run_id`` (False: it is there already)."""
-        claims = self._claims.setdefault(run_id, collections.OrderedDict())
-        if claim.digest in claims:
+        return self._add(run_id, self._claims.setdefault(run_id, collections.OrderedDict()),
+                         claim.digest, claim)
+
+    def _add(self, run_id: str, table: collections.OrderedDict[Any, Any], key: Any,
+             item: Any) -> bool:
+        """Add ``item`` to one of ``run_id``'s published lists (its most recent
+        MAX_ACCUSATIONS kept), to be published."""
+        if key in table:
             return False
-        claims[claim.digest] = claim
-        while len(claims) > MAX_ACCUSATIONS:
-            claims.popitem(last=False)
+        table[key] = item
+        _bound(table, MAX_ACCUSATIONS)
         self._pending.add(run_id)
         self.watch(run_id)
         return True
@@ -203,25 +201,21 @@ class AccusationBoard:
     def first_proof(self, proof: Equivocation) -> bool:
         """Whether ``proof`` is the first true one this node has of its lie (one
         lie is flagged once, however many members prove it)."""
-        if proof.key in self._proven:
-            self._proven.move_to_end(proof.key)
-            return False
-        self._proven[proof.key] = None
-        while len(self._proven) > MAX_CHECKED_ACCUSATIONS:
-            self._proven.popitem(last=False)
-        return True
+        return self._first(proof.key)
 
     def first_lie(self, kind: str, group_id: bytes, part: int, peer: bytes) -> bool:
         """Whether a dispute's proof of ``peer``'s lie of ``kind`` (in part
         ``part`` of group ``group_id``; -1: in any part) is the first this
         node has (as :meth:`first_proof`)."""
-        key = (kind, group_id, part, peer)
+        return self._first((kind, group_id, part, peer))
+
+    def _first(self, key: tuple[object, ...]) -> bool:
+        """Whether ``key`` is proven here for the first time (now remembered)."""
         if key in self._proven:
             self._proven.move_to_end(key)
             return False
         self._proven[key] = None
-        while len(self._proven) > MAX_CHECKED_ACCUSATIONS:
-            self._proven.popitem(last=False)
+        _bound(self._proven, MAX_CHECKED_ACCUSATIONS)
         return True
 
     def unfetched(self, owner: bytes, record: Accusations) -> list[DisputeClaim]:
@@ -244,12 +238,10 @@ class AccusationBoard:
         tries = self._tries.pop(mark, 0) + 1
         if judged or tries >= MAX_FETCH_TRIES:
             self._checked[mark] = None
-            while len(self._checked) > MAX_CHECKED_ACCUSATIONS:
-                self._checked.popitem(last=False)
+            _bound(self._checked, MAX_CHECKED_ACCUSATIONS)
         else:
             self._tries[mark] = tries
-            while len(self._tries) > MAX_CHECKED_ACCUSATIONS:
-                self._tries.popitem(last=False)
+            _bound(self._tries, MAX_CHECKED_ACCUSATIONS)
 
     def judge(self, owner: bytes, record: Accusations
               ) -> tuple[list[Equivocation], list[tuple[Equivocation, str]]]:
@@ -274,6 +266,11 @@ class AccusationBoard:
                 continue
             self._checked[mark] = None
             fresh.append(proof)
-        while len(self._checked) > MAX_CHECKED_ACCUSATIONS:
-            self._checked.popitem(last=False)
+        _bound(self._checked, MAX_CHECKED_ACCUSATIONS)
         return fresh
+
+
+def _bound(table: collections.OrderedDict[Any, Any], limit: int) -> None:
+    """Drop ``table``'s least recent entries beyond ``limit``."""
+    while len(table) > limit:
+        table.popitem(last=False)

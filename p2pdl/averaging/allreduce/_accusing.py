@@ -38,7 +38,7 @@ from ._session import (
     _receive_message,
     _Rejected,
 )
-from ._state import RejectError
+from ._state import Layout, RejectError
 
 __all__ = ["_AccusationSide", "ACCUSATION_TTL", "ACCUSATIONS_SCHEMA"]
 
@@ -75,11 +75,13 @@ class _AccusationSide:
         if self._shares_accusations(run_id) and self._board.accuse(run_id, proof):
             self._board_changed.set()
 
-    def _keep_proof(self, run_id: str, header: ProvenDispute, result: Sequence[bytes],
-                    own: Sequence[bytes], shown: Sequence[Sequence[bytes]]) -> None:
-        """Keep a dispute's proof to serve, and claim it in ``run_id``'s record."""
+    def _keep_proof(self, run_id: str, header: ProvenDispute, layout: Layout,
+                    result: Sequence[bytes], own: Sequence[bytes],
+                    shown: Sequence[Sequence[bytes]]) -> None:
+        """Keep a dispute's proof (checked, of ``layout``) to serve, and claim it
+        in ``run_id``'s record."""
         digest = self._proofs.add(KeptProof(run_id, header, tuple(result), tuple(own),
-                                            tuple(tuple(p) for p in shown)))
+                                            tuple(tuple(p) for p in shown), layout))
         self._counters["proofs_kept"] += 1
         if self._board.claim(run_id, DisputeClaim(header.dispute.group_id, header.part,
                                                   digest)):
@@ -91,8 +93,8 @@ class _AccusationSide:
         kept = self._proofs.get(request.run_id, request.digest)
         if kept is None:
             raise RejectError("no_evidence", "no proof kept by that digest in that run")
-        header = kept.header
-        layout = check_header(header, kept.run_id).layout
+        header, layout = kept.header, kept.layout
+        assert layout is not None
         chunks = layout.chunks[header.part]
         self._counters["proofs_served"] += 1
         with trio.move_on_after(self._config.reducer_timeout) as scope:

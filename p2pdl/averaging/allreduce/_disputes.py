@@ -27,8 +27,6 @@ from ._evidence import (
     chunks_digest,
     commitment_payload,
     decode_chunks,
-    members_digest,
-    reports_digest,
     signed_by,
     unpack_report,
 )
@@ -301,7 +299,7 @@ class _DisputeSide:
         if not finding.proves:
             self._counters["proofs_unpublishable"] += 1
             return
-        self._keep_proof(group.run_id, header, result_payloads, own_payloads, shown)
+        self._keep_proof(group.run_id, header, layout, result_payloads, own_payloads, shown)
 
     async def _receive_proof(self, stream: FramedStream, session: _Session, r: int,
                              dispute: Dispute
@@ -323,11 +321,8 @@ class _DisputeSide:
             entries = [(c.contributor, c.delivered, c.chunks) for c in proof.committed or ()]
             bound = {c: (n, d) for c, n, d in entries}
             if not signed_by(group.members[r].peer_id, answer_payload(
-                    group.group_id, r,
-                    members_digest([m.peer_id.to_bytes() for m in group.members]),
-                    layout.digest, dispute.nonce, dispute.digest,
-                    reports_digest(dispute.reports), [s.contributor for s in proof.shown],
-                    entries), proof.signature) \
+                    r, [m.peer_id.to_bytes() for m in group.members], layout.digest, dispute,
+                    [s.contributor for s in proof.shown], entries), proof.signature) \
                     or any(bound.get(s.contributor) != (s.delivered, chunks_digest(s.chunks))
                            for s in proof.shown):
                 raise RemoteProtocolError("ar.proof: an answer the reducer did not sign as "
@@ -394,10 +389,10 @@ class _DisputeSide:
         shown = evidence.disputed(j, plan, reports)
         self._counters["disputes_answered"] += 1
         committed = evidence.committed_entries()
+        # (the dispute names this reducer's result digest: checked above)
         signature = self._key.sign(answer_payload(
-            group.group_id, me, members_digest([m.peer_id.to_bytes() for m in group.members]),
-            target.layout.digest, dispute.nonce, evidence.digest,
-            reports_digest(dispute.reports), shown, committed))
+            me, [m.peer_id.to_bytes() for m in group.members], target.layout.digest, dispute,
+            shown, committed))
         # A verifier that stops reading holds this answer up for reducer_timeout at most.
         with trio.move_on_after(self._config.reducer_timeout) as scope:
             await stream.send_message(Proof(

@@ -117,16 +117,17 @@ def reports_digest(reports: Sequence[Any]) -> bytes:
         use_bin_type=True)).digest()
 
 
-def answer_payload(group_id: bytes, part: int, members: bytes, layout: bytes, nonce: bytes,
-                   digest: bytes, reports: bytes, shown: Sequence[int],
-                   committed: Sequence[tuple[int, int, bytes]]) -> bytes:
-    """What a reducer signs with its answer to a dispute (``ar.proof``): the
-    group's :func:`members_digest`, the layout digest, the verifier's joint
-    nonce, the result digest, the dispute's :func:`reports_digest`, the
-    contributors it shows, and every committed contributor it holds as
+def answer_payload(part: int, members: Sequence[bytes], layout: bytes, dispute: Any,
+                   shown: Sequence[int], committed: Sequence[tuple[int, int, bytes]]) -> bytes:
+    """What a reducer signs with its answer to ``dispute`` (an ``ar.dispute``
+    of part ``part``) in ``ar.proof``: the group, the :func:`members_digest`
+    of its member peer ids, the layout digest, the dispute's joint nonce and
+    result digest, its :func:`reports_digest`, the contributors the answer
+    shows, and every committed contributor the reducer holds as
     ``(contributor, chunks delivered, chunks_digest)``."""
-    return msgpack.packb([_ANSWER_DOMAIN, group_id, part, members, layout, nonce, digest,
-                          reports, [int(c) for c in shown],
+    return msgpack.packb([_ANSWER_DOMAIN, dispute.group_id, part, members_digest(members),
+                          layout, dispute.nonce, dispute.digest,
+                          reports_digest(dispute.reports), [int(c) for c in shown],
                           [[int(c), int(n), d] for c, n, d in committed]], use_bin_type=True)
 
 

@@ -41,9 +41,7 @@ from ._evidence import (
     chunks_digest,
     commitment_payload,
     decode_chunks,
-    members_digest,
     report_payload,
-    reports_digest,
     signed_by,
     unpack_report,
 )
@@ -141,9 +139,7 @@ def check_header(header: ProvenDispute, run_id: str) -> ProofPlan:
     if [c for c, _, _ in committed] != sorted({c for c, _, _ in committed}) \
             or shown != sorted(set(shown)):
         raise RemoteProtocolError("commitments or shown contributors out of order")
-    payload = answer_payload(dispute.group_id, part, members_digest(header.members),
-                             layout.digest, dispute.nonce, dispute.digest,
-                             reports_digest(dispute.reports), shown, committed)
+    payload = answer_payload(part, header.members, layout.digest, dispute, shown, committed)
     if not signed_by(members[part], payload, answer.signature):
         raise RemoteProtocolError("the answer is not the reducer's signed answer")
     bound = {c: (n, d) for c, n, d in committed}
@@ -242,6 +238,8 @@ class KeptProof:
     result: tuple[bytes, ...]
     own: tuple[bytes, ...]
     shown: tuple[tuple[bytes, ...], ...]
+    #: its layout (what its chunks' headers come from)
+    layout: Layout | None = None
 
     @property
     def nbytes(self) -> int:
