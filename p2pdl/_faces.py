@@ -7,12 +7,17 @@ back at once (``portal.run_sync``); waits (``wait_ready``, ``form_group``,
 ``fetch``) block the calling thread with a timeout, or are awaited in asyncio
 without blocking its loop.  State sync's ``share`` and ``unshare`` are thread
 safe and run in the caller's thread (the payload is hashed there).
+
+A service that declares no faces of its own gets :class:`SyncFace` and
+:class:`AsyncioFace`, derived from its class: each public method, run on the
+trio thread (a coroutine method awaited there, bounded by ``timeout``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import math
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -58,7 +63,7 @@ if TYPE_CHECKING:
 __all__ = ["SyncDHT", "AsyncioDHT", "SyncProgress", "SyncTracker", "AsyncioProgress",
            "AsyncioTracker", "SyncMatchmaking", "AsyncioMatchmaking", "SyncAllReduce",
            "AsyncioAllReduce", "SyncStateSync", "AsyncioStateSync", "SyncMembership",
-           "AsyncioMembership"]
+           "AsyncioMembership", "SyncFace", "AsyncioFace", "DEFAULT_FACE_TIMEOUT"]
 
 T = TypeVar("T")
 
@@ -70,6 +75,125 @@ FORM_GROUP_SLACK = 10.0
 FETCH_SLACK = 10.0
 #: A DHT operation from sync code waits its timeout plus this (s).
 DHT_SLACK = 5.0
+#: How long a derived face (:class:`SyncFace`, :class:`AsyncioFace`) waits
+#: for a coroutine method unless the call passes ``timeout=`` (s).
+DEFAULT_FACE_TIMEOUT = 120.0
+#: What a derived face never shows: the node's own hooks into a service.
+_LIFECYCLE = frozenset({"serve", "endpoints", "statistics_type"})
+
+
+# -- derived faces ------------------------------------------------------------------
+
+
+def _public(service: object, name: str) -> Any:
+    """``service``'s public member ``name``, as its class declares it
+    (AttributeError for private names, lifecycle hooks and unknown names)."""
+    if name.startswith("_") or name in _LIFECYCLE:
+        raise AttributeError(f"{type(service).__name__} shows no {name!r} on its face")
+    try:
+        return inspect.getattr_static(service, name)
+    except AttributeError:
+        raise AttributeError(f"{type(service).__name__} has no attribute {name!r}") from None
+
+
+def _face_names(service: object) -> list[str]:
+    return sorted(n for n in dir(type(service)) if not n.startswith("_") and n not in _LIFECYCLE)
+
+
+def _bounded(call: Callable[[], Awaitable[T]], timeout: float | None,
+             what: str) -> Callable[[], Awaitable[T]]:
+    """``call()`` on the trio side, cancelled after ``timeout`` s (CallTimeoutError)."""
+    async def run() -> T:
+        if timeout is None:
+            return await call()
+        with trio.move_on_after(timeout):
+            return await call()
+        raise CallTimeoutError(f"{what} did not finish within {timeout} s")
+    return run
+
+
+class SyncFace:
+    """The face of a service that declares none, for sync code: every public
+    method of the service's class, run on the node's trio thread.
+
+    A coroutine method (``async def``) blocks the caller until it returns,
+    at most ``timeout`` seconds (a keyword the face takes, default
+    DEFAULT_FACE_TIMEOUT; None: no limit), then is cancelled and raises
+    :class:`~p2pdl.errors.CallTimeoutError`.  Any other method, and a
+    property or attribute, is a short hop to the trio thread and back.
+    Private names and the node's hooks (``serve``, ``endpoints``) are not
+    shown.
+    """
+
+    def __init__(self, portal: Portal, service: object) -> None:
+        self._portal = portal
+        self._service = service
+
+    def __getattr__(self, name: str) -> Any:
+        member = _public(self._service, name)
+        service, portal = self._service, self._portal
+        what = f"{type(service).__name__}.{name}"
+        if inspect.iscoroutinefunction(member):
+            def call(*args: Any, timeout: float | None = DEFAULT_FACE_TIMEOUT,
+                     **kwargs: Any) -> Any:
+                bound = getattr(service, name)
+                return portal.run(_bounded(lambda: bound(*args, **kwargs), timeout, what),
+                                  None if timeout is None else timeout + DHT_SLACK)
+        elif callable(member) and not isinstance(member, (property, type)):
+            def call(*args: Any, **kwargs: Any) -> Any:
+                return portal.run_sync(lambda: getattr(service, name)(*args, **kwargs))
+        else:   # a property or an attribute: read it on the trio thread
+            return portal.run_sync(getattr, service, name)
+        call.__name__ = name
+        call.__doc__ = getattr(member, "__doc__", None)
+        return call
+
+    def __dir__(self) -> list[str]:
+        return _face_names(self._service)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {type(self._service).__name__}>"
+
+
+class AsyncioFace:
+    """:class:`SyncFace` for asyncio: every call is awaited (the asyncio loop
+    keeps running; cancelling the awaiting task cancels the call on the trio
+    thread).  A coroutine method takes the same ``timeout`` keyword."""
+
+    def __init__(self, portal: Portal, service: object) -> None:
+        self._portal = portal
+        self._service = service
+
+    def __getattr__(self, name: str) -> Any:
+        member = _public(self._service, name)
+        service, portal = self._service, self._portal
+        what = f"{type(service).__name__}.{name}"
+        if inspect.iscoroutinefunction(member):
+            async def call(*args: Any, timeout: float | None = DEFAULT_FACE_TIMEOUT,
+                           **kwargs: Any) -> Any:
+                bound = getattr(service, name)
+                return await portal.aio(_bounded(lambda: bound(*args, **kwargs), timeout,
+                                                 what))
+        elif callable(member) and not isinstance(member, (property, type)):
+            async def call(*args: Any, **kwargs: Any) -> Any:
+                async def hop() -> Any:
+                    return getattr(service, name)(*args, **kwargs)
+                return await portal.aio(hop)
+        else:
+            async def read() -> Any:
+                async def hop() -> Any:
+                    return getattr(service, name)
+                return await portal.aio(hop)
+            return read()
+        call.__name__ = name
+        call.__doc__ = getattr(member, "__doc__", None)
+        return call
+
+    def __dir__(self) -> list[str]:
+        return _face_names(self._service)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {type(self._service).__name__}>"
 
 
 # -- membership ----------------------------------------------------------------------

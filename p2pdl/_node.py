@@ -16,7 +16,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager, nullcontext
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 from libp2p.crypto.keys import KeyPair
@@ -27,12 +27,14 @@ from ._config import NodeConfig
 from ._faces import (
     AsyncioAllReduce,
     AsyncioDHT,
+    AsyncioFace,
     AsyncioMatchmaking,
     AsyncioMembership,
     AsyncioProgress,
     AsyncioStateSync,
     SyncAllReduce,
     SyncDHT,
+    SyncFace,
     SyncMatchmaking,
     SyncMembership,
     SyncProgress,
@@ -90,7 +92,7 @@ from .wire import (
 )
 
 __all__ = ["NodeConfig", "TrioNode", "open_node", "NodeStatistics", "SERVICES", "ServiceEntry",
-           "statistics_record"]
+           "DERIVED", "statistics_record"]
 
 if TYPE_CHECKING:
     from ._portal import Portal
@@ -113,21 +115,39 @@ class ServiceEntry:
     ``service``: its class.  ``build``: how to build it from the context,
     the node's config and the services built before it (by name).
     ``sync_face`` and ``aio_face``: how ``p2pdl.Node`` and ``node.aio``
-    show it (from the portal, the trio node and the config; None: they do
-    not).  ``about``: one line for people.
+    show it (from the portal, the trio node and the config); DERIVED (the
+    default): :class:`~p2pdl._faces.SyncFace` and
+    :class:`~p2pdl._faces.AsyncioFace`, every public method of the service;
+    None: they do not show it.  ``about``: one line for people.
     """
 
     name: str
     service: type
     build: ServiceBuilder
-    sync_face: FaceBuilder | None = None
-    aio_face: FaceBuilder | None = None
+    sync_face: FaceBuilder | Literal["derived"] | None = "derived"
+    aio_face: FaceBuilder | Literal["derived"] | None = "derived"
     about: str = ""
+
+    def sync_face_of(self, portal: Portal, node: TrioNode, config: NodeConfig) -> Any:
+        """The service's face on a sync node (None: it has none)."""
+        if self.sync_face == DERIVED:
+            return SyncFace(portal, getattr(node, self.name))
+        return None if self.sync_face is None else self.sync_face(portal, node, config)
+
+    def aio_face_of(self, portal: Portal, node: TrioNode, config: NodeConfig) -> Any:
+        """The service's face on ``node.aio`` (None: it has none)."""
+        if self.aio_face == DERIVED:
+            return AsyncioFace(portal, getattr(node, self.name))
+        return None if self.aio_face is None else self.aio_face(portal, node, config)
+
+
+#: :class:`ServiceEntry`'s faces derived from the service's class.
+DERIVED: Literal["derived"] = "derived"
 
 
 #: The node's protocol services, in the order they are built and started.
 SERVICES: tuple[ServiceEntry, ...] = (
-    ServiceEntry("nat", NatService, lambda ctx, cfg, s: NatService(ctx, cfg.nat),
+    ServiceEntry("nat", NatService, lambda ctx, cfg, s: NatService(ctx, cfg.nat), None, None,
                  about="reachability by dial-back and client mode (docs/nat.md)"),
     ServiceEntry("dht", DHTService,
                  lambda ctx, cfg, s: DHTService(ctx, cfg.dht, reachability=s["nat"],

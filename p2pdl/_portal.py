@@ -121,6 +121,8 @@ class Portal:
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
+            if future.done():   # the operation's own timeout (CallTimeoutError is one)
+                raise
             future.cancel()
             raise CallTimeoutError(f"operation did not finish within {timeout} s") from None
 

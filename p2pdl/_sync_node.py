@@ -170,8 +170,9 @@ class Node:
         assert node is not None and portal is not None
         self.aio = AsyncioNode(self, portal, node)
         for entry in node.services:   # each service's face, as declared
-            if entry.sync_face is not None:
-                setattr(self, entry.name, entry.sync_face(portal, node, self._config))
+            face = entry.sync_face_of(portal, node, self._config)
+            if face is not None:
+                setattr(self, entry.name, face)
 
     def _thread_main(self) -> None:
         try:
@@ -334,8 +335,9 @@ class AsyncioNode:
         self._portal = portal
         self._trio = trio_node
         for entry in trio_node.services:   # each service's face, as declared
-            if entry.aio_face is not None:
-                setattr(self, entry.name, entry.aio_face(portal, trio_node, node.config))
+            face = entry.aio_face_of(portal, trio_node, node.config)
+            if face is not None:
+                setattr(self, entry.name, face)
 
     async def connect(self, address: str, *, timeout: float | None = None) -> ID:
         return await self._portal.aio(lambda: self._trio.connect(address, timeout))

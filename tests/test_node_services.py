@@ -13,7 +13,7 @@ import trio
 
 from p2pdl import SERVICES, Node, NodeStatistics, ServiceEntry, TrioNode, open_node
 from p2pdl._node import statistics_record
-from p2pdl.errors import ConfigError
+from p2pdl.errors import CallTimeoutError, ConfigError
 from p2pdl.service import RpcEndpoint, Statistics, serve_nothing
 from p2pdl.wire import MaxLen, Message, RpcProtocol
 
@@ -56,6 +56,35 @@ class EchoService:
 
     def statistics(self) -> EchoStatistics:
         return EchoStatistics(self.answered)
+
+
+class AskingEchoService(EchoService):
+    """An echo service that declares no faces: the node derives them."""
+
+    def __init__(self, ctx: Any, started: list[str]) -> None:
+        super().__init__(started)
+        self._ctx = ctx
+        self.label = "echo"
+
+    async def ask(self, peer: Any, text: str) -> str:
+        """``text`` reversed by ``peer``'s echo service."""
+        reply = await self._ctx.call(peer, ECHO, EchoRequest(text), 10.0)
+        return reply.text
+
+    async def hang(self) -> None:
+        await trio.sleep_forever()
+
+    def reverse(self, text: str) -> str:
+        return text[::-1]
+
+    @property
+    def asked(self) -> int:
+        return self.answered
+
+
+def asking_entry() -> ServiceEntry:
+    return ServiceEntry("echo", AskingEchoService,
+                        lambda ctx, cfg, s: AskingEchoService(ctx, []))
 
 
 class SyncEcho:
@@ -128,3 +157,40 @@ def test_a_sync_face_may_not_hide_the_nodes_own_attributes():
     with pytest.raises(ConfigError, match="may not be called 'shutdown'"):
         Node(listen=["/ip4/127.0.0.1/tcp/0"],
              services=(*SERVICES, dataclasses.replace(echo_entry([]), name="shutdown")))
+
+
+def test_a_service_that_declares_no_faces_gets_them_derived_from_its_class():
+    services = (*SERVICES, asking_entry())
+    listen = ["/ip4/127.0.0.1/tcp/0"]
+    with Node(listen=listen, services=services) as a, Node(listen=listen, services=services) as b:
+        b.connect(f"{a.addrs[0]}/p2p/{a.peer_id}")
+        assert b.echo.ask(a.peer_id, "derived") == "devired"      # a coroutine, blocking
+        assert b.echo.reverse("abc") == "cba"                       # a plain method
+        assert a.echo.asked == 1 and a.echo.label == "echo"         # a property, an attribute
+        assert {"ask", "hang", "reverse", "asked", "statistics"} <= set(dir(b.echo))
+        assert "serve" not in dir(b.echo) and "endpoints" not in dir(b.echo)
+        with pytest.raises(CallTimeoutError, match="AskingEchoService.hang"):
+            b.echo.hang(timeout=0.2)
+        for name in ("_ctx", "serve", "endpoints", "nope"):
+            with pytest.raises(AttributeError):
+                getattr(b.echo, name)
+
+        async def from_asyncio() -> tuple[str, str, int]:
+            asked = await b.aio.echo.ask(a.peer_id, "loop", timeout=10.0)
+            with pytest.raises(CallTimeoutError):
+                await b.aio.echo.hang(timeout=0.2)
+            return asked, await b.aio.echo.reverse("xy"), await b.aio.echo.asked
+
+        assert asyncio.run(from_asyncio()) == ("pool", "yx", 0)
+        assert a.statistics()["echo"]["answered"] == 2
+        assert "AskingEchoService" in repr(b.echo) and "AsyncioFace" in repr(b.aio.echo)
+
+
+def test_an_asyncio_call_cancelled_cancels_the_call_on_the_trio_thread():
+    with Node(listen=["/ip4/127.0.0.1/tcp/0"], services=(*SERVICES, asking_entry())) as node:
+        async def cancelled() -> None:
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(node.aio.echo.hang(timeout=None), 0.2)
+
+        asyncio.run(cancelled())
+        assert node.echo.reverse("ok") == "ko"    # the node still serves
