@@ -336,11 +336,15 @@ async def test_a_round_leaves_no_reference_cycle_and_reuses_its_buffers():
 
 
 def test_norm64_is_the_float64_norm_and_decode_chunks_writes_where_asked():
-    from p2pdl.averaging._norms import BLOCK_VALUES, norm64, norm_upper
+    from p2pdl.averaging._norms import BLOCK_VALUES, WIDE_BLOCK_VALUES, norm64, norm_upper
     from p2pdl.averaging.allreduce._evidence import decode_chunks
 
-    x = torch.randn(3 * BLOCK_VALUES + 17, generator=torch.Generator().manual_seed(5))
+    # Wider than one block of norm64's kept buffer, so it is reused within a call.
+    x = torch.randn(WIDE_BLOCK_VALUES + 3 * BLOCK_VALUES + 17,
+                    generator=torch.Generator().manual_seed(5))
     assert norm64(x) == pytest.approx(float(torch.linalg.vector_norm(x.double())), rel=1e-12)
+    assert norm64(x[:5]) == pytest.approx(float(torch.linalg.vector_norm(x[:5].double())),
+                                          rel=1e-12)
     x[:100] = 1e-6
     floored = torch.clamp(x.double().abs(), min=1e-3)
     assert norm64(x, floor=1e-3) == pytest.approx(float(torch.linalg.vector_norm(floored)),
