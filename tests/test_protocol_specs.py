@@ -239,7 +239,7 @@ def test_dht_store_reasons_and_error_codes_match_the_code():
     validation = set(re.findall(r'InvalidRecord\(\s*"(\w+)"',
                                 (code / "_validation.py").read_text()))
     store = set(re.findall(r'return \(?f?"(\w+): ', (code / "_records.py").read_text()))
-    service = (code / "_service.py").read_text()
+    service = (code / "_state.py").read_text()   # what a node answers
     client = set(re.findall(r'Stored\(\[f?"(\w+): ', service))
     assert store == {"older", "full"} and client == {"unavailable"}
     assert validation | store | client == STORE_REASONS

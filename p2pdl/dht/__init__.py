@@ -12,8 +12,10 @@ validates what it sees.  Reach it as ``node.dht``.  Modules:
 * ``_validation`` -- :class:`Schema`, :class:`Validator`, owned subkeys, signatures (sans-IO).
 * ``_records`` -- items, the merge rule, :class:`RecordStore` (sans-IO).
 * ``_messages`` -- the protocol ``/p2pdl/dht/1.0.0``.
-* ``_service`` -- :class:`DHTService`: serving, lookups, store/get, bootstrap,
-  refresh, republish, expiry, groups.
+* ``_state`` -- :class:`DHTState`: what a node answers, accepts, republishes,
+  and which run a key belongs to; the group records (sans-IO).
+* ``_service`` -- :class:`DHTService`: the queries and lookups on the wire,
+  store/get, bootstrap, refresh, republish, expiry, groups.
 
 The sans-IO parts also drive the 10,000-peer simulator
 (``simulations/dht_scale.py``).  py-libp2p's ``kad_dht`` is not used: its
@@ -35,13 +37,14 @@ from ._records import Record as Record
 from ._records import RecordStore as RecordStore
 from ._routing import Contact as Contact
 from ._routing import RoutingTable as RoutingTable
-from ._service import GROUP_PREFIX as GROUP_PREFIX
-from ._service import GROUP_SCHEMA as GROUP_SCHEMA
 from ._service import DHTService as DHTService
 from ._service import DHTStatistics as DHTStatistics
-from ._service import GroupMember as GroupMember
-from ._service import GroupPeer as GroupPeer
-from ._service import ValueWithExpiration as ValueWithExpiration
+from ._state import GROUP_PREFIX as GROUP_PREFIX
+from ._state import GROUP_SCHEMA as GROUP_SCHEMA
+from ._state import DHTState as DHTState
+from ._state import GroupMember as GroupMember
+from ._state import GroupPeer as GroupPeer
+from ._state import ValueWithExpiration as ValueWithExpiration
 from ._validation import InvalidRecord as InvalidRecord
 from ._validation import Schema as Schema
 from ._validation import Validator as Validator

@@ -1,8 +1,8 @@
 """The DHT service of a node: answers DHT requests, runs lookups, stores and gets.
 
-The logic is in the sans-IO parts (``_routing``, ``_lookup``, ``_records``,
-``_validation``); this module sends their queries over the node's RPC client
-and keeps the table fresh:
+The logic is in the sans-IO parts (``_state``, ``_routing``, ``_lookup``,
+``_records``, ``_validation``); this module sends their queries over the
+node's RPC client and keeps the table fresh:
 
 * **bootstrap**: a lookup of the node's own key, seeded with the routing
   table and every connected peer (initial peers among them), then a refresh
@@ -18,60 +18,41 @@ and keeps the table fresh:
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable
-from typing import Any, Generic, TypeVar
+from typing import Any
 
-import multihash  # py-libp2p's dependency: checks the structure of peer ids
 import trio
 from libp2p.peer.id import ID
 
-from ..errors import LocalProtocolError, P2PDLError, RemoteProtocolError, RequestError
+from ..errors import P2PDLError
 from ..net import Backoff
 from ..service import ReachabilityView, RpcEndpoint, ServiceContext, Statistics
 from ..wire import Message, RequestContext
 from ._keys import distance, key_of
 from ._lookup import Lookup
-from ._messages import (
-    DHT_PROTOCOL,
-    MAX_RESULT_LENGTH,
-    TARGET_SIZE,
-    Addrs,
-    FindNode,
-    FindValue,
-    Nodes,
-    PeerEntry,
-    Store,
-    Stored,
-    Value,
-    WireItem,
-)
+from ._messages import DHT_PROTOCOL, TARGET_SIZE, FindNode, FindValue, Nodes, Store, Stored, Value
 from ._records import Item, Record, RecordStore
 from ._routing import Contact, RoutingTable
-from ._validation import (
-    InvalidRecord,
-    Schema,
-    Validator,
-    encode_value,
-    owned_subkey,
-    owner_of,
-    sign,
+from ._state import (
+    GROUP_PREFIX,
+    GROUP_SCHEMA,
+    DHTState,
+    GroupMember,
+    GroupPeer,
+    ValueWithExpiration,
+    batches,
+    check_key,
+    to_wire,
 )
-from .config import (
-    MAX_CLOSER_PEERS,
-    MAX_PEER_ADDRS,
-    MAX_STORE_ITEMS,
-    STORE_BATCH_BYTES,
-    DHTConfig,
-)
+from ._validation import Schema, owned_subkey, owner_of
+from .config import MAX_PEER_ADDRS, DHTConfig
 
-__all__ = ["DHTService", "ValueWithExpiration", "GroupPeer", "GROUP_PREFIX", "GroupMember",
-           "GROUP_SCHEMA"]
+__all__ = ["DHTService", "DHTStatistics", "ValueWithExpiration", "GroupPeer", "GROUP_PREFIX",
+           "GroupMember", "GROUP_SCHEMA"]
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 #: How often the maintenance task looks at refresh, republish and expiry (s).
 MAINTENANCE_TICK = 5.0
@@ -79,44 +60,6 @@ MAINTENANCE_TICK = 5.0
 REPUBLISH_CONCURRENCY = 4
 #: Least time between two bootstraps (s).
 MIN_BOOTSTRAP_SPACING = 0.5
-
-#: Keys of group-membership records: ``p2pdl/group/<name>``.
-GROUP_PREFIX = "p2pdl/group/"
-
-
-class GroupMember(Message, tag="dht.group_member"):
-    """A peer's entry in a group: where to dial it, and whether it accepts connections."""
-
-    addrs: Addrs
-    client_mode: bool = False
-
-
-#: Built into every node: group records hold signed subkeys, one per member.
-GROUP_SCHEMA = Schema(GROUP_PREFIX, GroupMember, dictionary=True, signed_subkeys=True)
-
-
-@dataclasses.dataclass(frozen=True)
-class ValueWithExpiration(Generic[T]):
-    """A value found in the DHT and the wall-clock time it expires at.
-
-    For a dictionary key (``dictionary`` True), ``value`` maps each subkey to
-    its own :class:`ValueWithExpiration` and ``expiration`` is the latest of
-    them; a plain value that is a dict has ``dictionary`` False.
-    """
-
-    value: T
-    expiration: float
-    dictionary: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupPeer:
-    """A member of a group found by :meth:`DHTService.find_peers`."""
-
-    peer_id: ID
-    addrs: tuple[str, ...]
-    client_mode: bool
-    expiration: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,20 +117,12 @@ class DHTService:
         self._reachability = reachability
         self._clock = context.clock if clock is None else clock
         self._peer_id = host.peer_id
-        self._key = key_of(self._peer_id.to_bytes())
-        self._table = RoutingTable(self._key, k=config.k,
-                                   refresh_interval=config.refresh_interval)
-        self._validator = Validator(config, (GROUP_SCHEMA, *schemas))
-        self._store = RecordStore(config, self._validator)
-        # (key, subkey) -> (item, when it was last stored, monotonic)
-        self._published: collections.OrderedDict[tuple[str, str | None], tuple[Item, float]] = (
-            collections.OrderedDict())
-        self._counters: collections.Counter[str] = collections.Counter()
+        self._state = state = DHTState(self._peer_id, config, schemas)
+        self._key = state.key
+        self._table = state.table
+        self._store = state.store
+        self._counters = state.counters
         self._table_changed = trio.Event()
-        self._table_version = 0  # grows whenever a contact enters the table
-        # Run-scoped key prefixes: prefix -> the run of the rest of the key.
-        self._run_prefixes: dict[str, Callable[[str], str | None]] = {}
-        self._run_guarded: Callable[[str], bool] = lambda run_id: False
 
     # -- what the node and the layers above read --------------------------------
 
@@ -217,7 +152,7 @@ class DHTService:
         Every node of a collaboration should register the same schemas: each
         replica validates what it stores, each getter what it receives.
         """
-        self._validator.register(schema)
+        self._state.validator.register(schema)
 
     def own_subkey(self, name: str = "") -> str:
         """A subkey only this node can write (signed by its key): ``@<peer id>[/name]``."""
@@ -226,7 +161,7 @@ class DHTService:
     def statistics(self) -> DHTStatistics:
         """Mode, sizes and counters: :class:`DHTStatistics`."""
         return DHTStatistics("server" if self.server_mode else "client", len(self._table),
-                             len(self._store), self._store.bytes, len(self._published),
+                             len(self._store), self._store.bytes, len(self._state.published),
                              **{name: self._counters[name] for name in COUNTERS})
 
     def endpoints(self) -> list[RpcEndpoint]:
@@ -241,28 +176,20 @@ class DHTService:
         (progress snapshots, matchmaking rendezvous), so that requests for
         those keys pass the admission gate as requests of the run.
         """
-        self._run_prefixes[prefix] = run_of_rest
+        self._state.scope_run_keys(prefix, run_of_rest)
 
     def set_run_guard(self, guarded: Callable[[str], bool]) -> None:
         """Only runs for which ``guarded(run_id)`` is true scope their keys (the
         runs this node has a membership policy for); other runs' keys are served
         to everyone, as any DHT key."""
-        self._run_guarded = guarded
+        self._state.set_run_guard(guarded)
 
     def run_of_key(self, key: str) -> str | None:
         """The guarded run ``key`` belongs to, or None (longest registered prefix wins)."""
-        best = None
-        for prefix in self._run_prefixes:
-            if key.startswith(prefix) and (best is None or len(prefix) > len(best)):
-                best = prefix
-        if best is None:
-            return None
-        run_id = self._run_prefixes[best](key[len(best):])
-        return run_id if run_id and self._run_guarded(run_id) else None
+        return self._state.run_of_key(key)
 
     def _run_of_request(self, request: Message) -> str | None:
-        key = getattr(request, "key", None)
-        return self.run_of_key(key) if isinstance(key, str) else None
+        return self._state.run_of_request(request)
 
     async def wait_table_changed(self, timeout: float) -> None:
         """Return when a contact enters the routing table, or after ``timeout`` s."""
@@ -286,7 +213,7 @@ class DHTService:
         owned subkey).
         """
         item = self._make_item(key, value, expiration_time, subkey)
-        self._remember_published(key, item)
+        self._state.remember_published(key, item, trio.current_time())
         return await self._store_items(key, [item])
 
     async def get(self, key: str, latest: bool = False) -> ValueWithExpiration[Any] | None:
@@ -299,7 +226,7 @@ class DHTService:
         ``{subkey: ValueWithExpiration}``.  Items that fail validation (a
         forged signature, a schema mismatch) are dropped.
         """
-        _check_key(key)
+        check_key(key)
         record = Record()
         now = self._clock()
         for item in self._store.get(key, now):
@@ -317,7 +244,7 @@ class DHTService:
                 self._counters["gets"] += 1
                 if not found and not record:
                     self._counters["gets_not_found"] += 1
-        return self._result(key, record)
+        return self._state.result(key, record, self._clock())
 
     async def announce(self, group: str, expiration_time: float) -> bool:
         """Say in the DHT that this node belongs to ``group`` until ``expiration_time``.
@@ -355,35 +282,8 @@ class DHTService:
     # -- building and storing items -----------------------------------------------
 
     def _make_item(self, key: str, value: Any, expiration: float, subkey: str | None) -> Item:
-        _check_key(key)
-        if subkey is not None and not isinstance(subkey, str):
-            raise LocalProtocolError(f"DHT subkeys are strings, not {type(subkey).__name__}")
-        if not isinstance(expiration, (int, float)) or isinstance(expiration, bool):
-            raise LocalProtocolError("expiration_time must be a number (seconds, wall clock)")
-        expiration = float(expiration)
-        raw = encode_value(value)
-        signature = b""
-        try:
-            owner = owner_of(subkey)
-        except InvalidRecord as exc:
-            raise LocalProtocolError(f"subkey {subkey!r}: {exc.detail}") from None
-        if owner is not None:
-            if owner != self._peer_id:
-                raise LocalProtocolError(f"subkey {subkey!r} belongs to peer {owner}; "
-                                         f"this node can only write its own (own_subkey())")
-            signature = sign(self._host.libp2p.get_private_key(), key, subkey, raw, expiration)
-        try:
-            self._validator.check(key, subkey, raw, expiration, signature, self._clock())
-        except InvalidRecord as exc:
-            raise LocalProtocolError(f"no node would store this record: {exc}") from None
-        return Item(subkey, raw, expiration, signature)
-
-    def _remember_published(self, key: str, item: Item) -> None:
-        slot = (key, item.subkey)
-        self._published[slot] = (item, trio.current_time())
-        self._published.move_to_end(slot)
-        while len(self._published) > self._config.max_published:
-            self._published.popitem(last=False)
+        return self._state.make_item(key, value, expiration, subkey, self._clock(),
+                                     self._host.libp2p.get_private_key())
 
     async def _store_items(self, key: str, items: list[Item]) -> bool:
         """Store ``items`` at the nodes nearest to ``key``; True if one of them holds them."""
@@ -396,18 +296,14 @@ class DHTService:
                 nearest = lookup.closest()[: self._config.replication]
             else:  # a guarded run's records go to its members only
                 nearest = await self._member_replicas(target, run_id, lookup.closest())
-            if self.server_mode:
-                # This node is one of the replicas if it is among the nearest.
-                mine = distance(self._key, target)
-                closer = [c for c in nearest if distance(c.key, target) < mine]
-                if len(closer) < self._config.replication:
-                    nearest = closer + nearest[len(closer):self._config.replication - 1]
-                    now = self._clock()
-                    for item in items:
-                        self._store.put(key, item, now)
+            nearest, here = self._state.replicas(target, nearest, self.server_mode)
+            if here:   # this node is one of the replicas: it keeps them too
+                now = self._clock()
+                for item in items:
+                    self._store.put(key, item, now)
             sender = self._sender()
-            requests = [Store(key, [_to_wire(i) for i in batch], *sender)
-                        for batch in _batches(items)]
+            requests = [Store(key, [to_wire(i) for i in batch], *sender)
+                        for batch in batches(items)]
 
             async def store_at(contact: Contact) -> None:
                 nonlocal accepted
@@ -489,7 +385,8 @@ class DHTService:
             nonlocal found
             response = await self._query(contact, request)
             if isinstance(response, Value) and response.items \
-                    and self._accept_items(key, response.items, contact.peer, record):
+                    and self._state.accept_items(key, response.items, contact.peer, record,
+                                                 self._clock()):
                 found = True
 
         async with trio.open_nursery() as nursery:
@@ -531,11 +428,12 @@ class DHTService:
                                     response.TAG)
                     lookup.on_failure(contact.peer)
                     return
-                closer = self._contacts(response.closer)
+                closer = self._state.contacts(response.closer)
                 found = None
                 if isinstance(response, Value) and response.items:
                     assert find_value is not None
-                    found = self._accept_items(find_value, response.items, contact.peer, record)
+                    found = self._state.accept_items(find_value, response.items,
+                                                     contact.peer, record, self._clock())
                 # A DHT client answers, but holds nothing and must not count
                 # among the nearest (it would take a replica's place).
                 lookup.on_response(contact.peer, closer, found, usable=response.server)
@@ -574,47 +472,6 @@ class DHTService:
                        contact.addrs or self._host.known_addrs(peer))
         return response
 
-    def _contacts(self, entries: list[PeerEntry]) -> list[Contact]:
-        out = []
-        for entry in entries[:MAX_CLOSER_PEERS]:
-            try:
-                peer = ID(entry.peer)
-                if peer == self._peer_id or not _valid_peer_id(peer):
-                    continue
-            except Exception:  # untrusted bytes
-                continue
-            out.append(Contact(peer, key_of(entry.peer), tuple(entry.addrs)))
-        return out
-
-    def _accept_items(self, key: str, items: list[WireItem], source: ID,
-                      record: Record) -> bool | None:
-        """Merge the valid items of an answer; True if there were any (else None)."""
-        now = self._clock()
-        valid = False
-        for wire in items:
-            try:
-                self._validator.check(key, wire.subkey, wire.value, wire.expiration,
-                                      wire.signature, now)
-            except InvalidRecord as exc:
-                self._counters["invalid_items_received"] += 1
-                logger.info("dropped an invalid item of %r from %s: %s", key, source, exc)
-                continue
-            record.offer(Item(wire.subkey, wire.value, wire.expiration, wire.signature))
-            valid = True
-        return True if valid else None
-
-    def _result(self, key: str, record: Record) -> ValueWithExpiration[Any] | None:
-        now = self._clock()
-        live = [i for i in record.items() if i.expiration > now]
-        if not live:
-            return None
-        if not record.entries:
-            item = live[0]
-            return ValueWithExpiration(self._validator.decode(key, item.value), item.expiration)
-        entries = {i.subkey: ValueWithExpiration(self._validator.decode(key, i.value),
-                                                 i.expiration) for i in live}
-        return ValueWithExpiration(entries, max(i.expiration for i in live), dictionary=True)
-
     # -- the table ------------------------------------------------------------------
 
     def _sender(self) -> tuple[bool, tuple[str, ...]]:
@@ -624,20 +481,17 @@ class DHTService:
         return True, tuple(self._host.addrs()[:MAX_PEER_ADDRS])
 
     def _saw_peer(self, peer: ID, server: bool, addrs: Iterable[str]) -> None:
-        """A peer answered us or asked us: a server goes in the table, a client out."""
-        key = key_of(peer.to_bytes())
-        if not server:
-            if self._table.get(peer, key) is not None:
-                self._table.remove(peer, key)
-            return
+        """A peer answered us or asked us: a server goes in the table (and its
+        addresses to the host), a client out."""
         addrs = tuple(addrs)
-        if addrs:
+        if server and addrs:
             self._host.add_addrs(peer, addrs)
-        present = self._table.get(peer, key) is not None
-        if self._table.seen(peer, key, trio.current_time(), addrs) and not present:
-            self._table_version += 1
-            self._table_changed.set()
-            self._table_changed = trio.Event()
+        if self._state.saw_peer(peer, server, addrs, trio.current_time()):
+            self._table_grew()
+
+    def _table_grew(self) -> None:
+        self._table_changed.set()
+        self._table_changed = trio.Event()
 
     # -- serving requests ----------------------------------------------------------
 
@@ -651,42 +505,15 @@ class DHTService:
         return self._answer(ctx.peer_id, request)
 
     def _answer(self, peer: ID, request: Message) -> Message:
-        self._counters["requests"] += 1
-        if isinstance(request, FindNode):
-            if len(request.target) != TARGET_SIZE:
-                raise RemoteProtocolError(f"dht.find_node target of {len(request.target)} "
-                                          f"bytes; expected {TARGET_SIZE}")
-            self._saw_peer(peer, request.server, request.addrs)
-            target = int.from_bytes(request.target, "big")
-            return Nodes(self._closer(target, peer), self.server_mode)
-        if isinstance(request, FindValue):
-            _check_remote_key(request.key)
-            self._saw_peer(peer, request.server, request.addrs)
-            items = self._store.get(request.key, self._clock())
-            return Value([_to_wire(i) for i in items],
-                         self._closer(key_of(request.key.encode()), peer), self.server_mode)
-        assert isinstance(request, Store)
-        _check_remote_key(request.key)
-        self._saw_peer(peer, request.server, request.addrs)
-        if not self.server_mode:
-            return Stored(["unavailable: this node is a DHT client"] * len(request.items), False)
-        now = self._clock()
-        results = []
-        for wire in request.items:
-            result = self._store.put(request.key, Item(wire.subkey, wire.value,
-                                                       wire.expiration, wire.signature), now)
-            if result:
-                self._counters["items_refused"] += 1
-                logger.debug("refused an item of %r from %s: %s", request.key, peer, result)
-            else:
-                self._counters["items_stored"] += 1
-            results.append(result[:MAX_RESULT_LENGTH])
-        return Stored(results, True)
-
-    def _closer(self, target: int, asker: ID) -> list[PeerEntry]:
-        contacts = self._table.closest(target, exclude=(asker,))
-        return [PeerEntry(c.peer.to_bytes(), c.addrs[:MAX_PEER_ADDRS])  # type: ignore[attr-defined]
-                for c in contacts if c.addrs]
+        version = self._state.table_version
+        response = self._state.answer(peer, request, self.server_mode, self._clock(),
+                                      trio.current_time())
+        if isinstance(request, (FindNode, FindValue, Store)) and request.server \
+                and request.addrs:
+            self._host.add_addrs(peer, tuple(request.addrs))
+        if self._state.table_version != version:
+            self._table_grew()
+        return response
 
     # -- maintenance -------------------------------------------------------------------
 
@@ -715,8 +542,8 @@ class DHTService:
             if not len(self._table) and next_bootstrap == float("inf"):
                 next_bootstrap = now  # every contact failed: join again
             if connected or (server and not announced) or now >= next_bootstrap \
-                    or (young and len(self._table) and self._table_version != seen_version):
-                seen_version = self._table_version
+                    or (young and len(self._table) and self._state.table_version != seen_version):
+                seen_version = self._state.table_version
                 if await self._bootstrap():
                     announced = server
                     if len(self._table) >= self._config.k:
@@ -750,7 +577,7 @@ class DHTService:
                     connected = await self._host.wait_connections_changed(delay)
                     nursery.cancel_scope.cancel()
                 elif len(self._table) < self._config.k:
-                    while self._table_version == table_version:
+                    while self._state.table_version == table_version:
                         await self._table_changed.wait()
                     nursery.cancel_scope.cancel()
         return connected
@@ -778,21 +605,7 @@ class DHTService:
     async def _republish(self) -> None:
         """Re-store our own records, and re-send replicas no store refreshed,
         ``REPUBLISH_CONCURRENCY`` stores at a time."""
-        interval = self._config.republish_interval
-        now, mono = self._clock(), trio.current_time()
-        jobs: list[tuple[str, list[Item], str]] = []
-        for slot, (item, stored_at) in list(self._published.items()):
-            if item.expiration <= now:
-                del self._published[slot]
-            elif mono - stored_at >= interval:
-                self._published[slot] = (item, mono)
-                jobs.append((slot[0], [item], "republished"))
-        if self.server_mode:
-            for key in self._store.stale(now, interval):
-                self._store.touch(key, now)
-                items = self._store.get(key, now)
-                if items:
-                    jobs.append((key, items, "replicas_resent"))
+        jobs = self._state.republish_jobs(self._clock(), trio.current_time(), self.server_mode)
         if not jobs:
             return
         limiter = trio.CapacityLimiter(REPUBLISH_CONCURRENCY)
@@ -805,47 +618,4 @@ class DHTService:
         async with trio.open_nursery() as nursery:
             for job in jobs:
                 nursery.start_soon(send, *job)
-
-
-def _batches(items: list[Item]) -> list[list[Item]]:
-    """``items`` in order, cut into store requests of at most ``MAX_STORE_ITEMS``
-    items and about ``STORE_BATCH_BYTES`` bytes (so each fits a wire message)."""
-    batches: list[list[Item]] = []
-    size = 0
-    for item in items:
-        if not batches or len(batches[-1]) >= MAX_STORE_ITEMS \
-                or size + item.size > STORE_BATCH_BYTES:
-            batches.append([])
-            size = 0
-        batches[-1].append(item)
-        size += item.size
-    return batches
-
-
-def _to_wire(item: Item) -> WireItem:
-    return WireItem(item.subkey, item.value, item.expiration, item.signature)
-
-
-def _check_key(key: Any) -> None:
-    if not isinstance(key, str):
-        raise LocalProtocolError(f"DHT keys are strings, not {type(key).__name__}")
-    try:
-        Validator.check_key(key)
-    except InvalidRecord as exc:
-        raise LocalProtocolError(f"DHT key: {exc.detail}") from None
-
-
-def _check_remote_key(key: str) -> None:
-    try:
-        Validator.check_key(key)
-    except InvalidRecord as exc:
-        raise RequestError("bad_request", exc.detail) from None
-
-
-def _valid_peer_id(peer: ID) -> bool:
-    try:
-        multihash.decode(peer.to_bytes())
-    except Exception:  # untrusted bytes
-        return False
-    return True
 

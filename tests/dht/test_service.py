@@ -15,7 +15,8 @@ import p2pdl
 from p2pdl import NodeConfig
 from p2pdl.dht import DHT_PROTOCOL, Item, Schema, key_of, owned_subkey
 from p2pdl.dht._messages import FindNode, FindValue, Store, Stored, Value, WireItem
-from p2pdl.dht._service import COUNTERS, _batches
+from p2pdl.dht._service import COUNTERS
+from p2pdl.dht._state import batches as _batches
 from p2pdl.dht._validation import sign
 from p2pdl.dht.config import MAX_STORE_ITEMS, STORE_BATCH_BYTES
 from p2pdl.errors import LocalProtocolError, RemoteError, StreamClosedError
