@@ -255,6 +255,23 @@ def test_services_are_wiring_not_logic():
     assert not long, "\n".join(long)
 
 
+def test_protocol_code_touches_no_private_member_of_another_object():
+    """In the protocol packages an object's ``_members`` are its own: nothing
+    reads or writes ``other._name`` (only ``self._name`` and ``cls._name``)."""
+    found = []
+    for package in protocol_packages():
+        for name, path in MODULES.items():
+            if not name.startswith(package + "."):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Attribute) and node.attr.startswith("_") \
+                        and not node.attr.startswith("__") \
+                        and not (isinstance(node.value, ast.Name)
+                                 and node.value.id in ("self", "cls")):
+                    found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)
+
+
 def test_each_service_is_named_after_its_package():
     """Every entry of ``SERVICES`` is named after the package of its service
     class (``node.<name>``, the statistics field and the faces take that
@@ -263,9 +280,7 @@ def test_each_service_is_named_after_its_package():
     ``Node`` and ``AsyncioNode`` name the same services."""
     import typing
 
-    from p2pdl._config import NodeConfig
-    from p2pdl._node import SERVICES, NodeStatistics, TrioNode
-    from p2pdl._sync_node import AsyncioNode, Node
+    from p2pdl import SERVICES, AsyncioNode, Node, NodeConfig, NodeStatistics, TrioNode
 
     stats = {f.name for f in dataclasses.fields(NodeStatistics)}
     config = {f.name for f in dataclasses.fields(NodeConfig)}
@@ -279,6 +294,28 @@ def test_each_service_is_named_after_its_package():
             continue
         assert entry.sync_face is not None and entry.aio_face is not None, name
         assert name in typing.get_type_hints(Node) and name in typing.get_type_hints(AsyncioNode)
+
+
+def test_tests_take_a_name_from_its_package_when_the_package_exports_it():
+    """A test imports an internal module only for what has no public home."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module
+                    and node.module.startswith("p2pdl.")):
+                continue
+            parts = node.module.split(".")
+            private = [i for i, part in enumerate(parts) if part.startswith("_")]
+            if not private:
+                continue
+            public = importlib.import_module(".".join(parts[:private[0]]))
+            module = importlib.import_module(node.module)
+            for alias in node.names:
+                here = getattr(module, alias.name, None)
+                if here is not None and getattr(public, alias.name, None) is here:
+                    found.append(f"{path.relative_to(ROOT)}: {alias.name} from {node.module} "
+                                 f"(public in {public.__name__})")
+    assert not found, "\n".join(found)
 
 
 #: Services the sync and asyncio nodes show through the node itself, not a face

@@ -15,8 +15,7 @@ import pytest
 import torch
 import trio
 
-from p2pdl import OpenAdmission, Refusal, open_node
-from p2pdl._node import SERVICES
+from p2pdl import SERVICES, OpenAdmission, Refusal, open_node
 from p2pdl.averaging import (
     ALLREDUCE_PROTOCOL_ID,
     AllReduceConfig,

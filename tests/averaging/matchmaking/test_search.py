@@ -8,13 +8,8 @@ import hashlib
 
 from libp2p.peer.id import ID
 
-from p2pdl.averaging.matchmaking._state import (
-    GroupMemberInfo,
-    LeaderSearch,
-    UnresponsivePeers,
-    next_leader,
-    plan_groups,
-)
+from p2pdl.averaging.matchmaking import GroupMemberInfo, next_leader, plan_groups
+from p2pdl.averaging.matchmaking._state import LeaderSearch, UnresponsivePeers
 
 RUN, EPOCH = "search-run", 3
 
