@@ -34,6 +34,7 @@ from p2pdl.averaging.allreduce import _parts as ar_parts
 from p2pdl.averaging.allreduce import _state as ar_state
 from p2pdl.averaging.allreduce import config as ar_config
 from p2pdl.averaging.matchmaking import _messages as mm_messages
+from p2pdl.averaging.matchmaking import _plan as mm_plan
 from p2pdl.averaging.matchmaking import _service as mm_service
 from p2pdl.averaging.matchmaking import _state as mm_state
 from p2pdl.averaging.matchmaking import config as mm_config
@@ -290,7 +291,8 @@ def test_progress_messages_and_signatures_match_the_code():
 def test_matchmaking_definitions_match_the_code():
     rows = definitions(spec("matchmaking.md"))
     # Every hard limit of averaging/matchmaking/config.py that the matchmaking modules use.
-    used = vars(mm_messages).keys() | vars(mm_state).keys() | vars(mm_service).keys()
+    used = vars(mm_messages).keys() | vars(mm_plan).keys() | vars(mm_state).keys() \
+        | vars(mm_service).keys()
     limits = {name: value for name, value in vars(mm_config).items()
               if name.isupper() and type(value) is int and name in used}
     assert {"MAX_RUN_ID_LENGTH", "MAX_EPOCH", "MAX_GROUP_SIZE", "GROUP_ID_SIZE",
@@ -304,7 +306,7 @@ def test_matchmaking_definitions_match_the_code():
                  "JOIN_WINDOW_FRACTION", "INTRODUCE_WAIT", "UNRESPONSIVE_TTL",
                  "MAX_UNRESPONSIVE"):
         assert abs(number(rows[name]) - getattr(mm_service, name)) < 1e-3, name
-    assert number(rows["FRACTION_TOLERANCE"]) == mm_state.FRACTION_TOLERANCE
+    assert number(rows["FRACTION_TOLERANCE"]) == mm_plan.FRACTION_TOLERANCE
 
 
 def test_matchmaking_messages_codes_and_hashes_match_the_code():
@@ -335,7 +337,7 @@ def test_matchmaking_messages_codes_and_hashes_match_the_code():
     plan = averaging.plan_groups("my-run", 3, view, 4)
     assert plan.groups[0].members == tuple(view)
     fractions = (0.75, 0.0, 0.25)
-    assert mm_state.check_fractions(view, fractions) is None
+    assert mm_plan.check_fractions(view, fractions) is None
     assert "`[0.75, 0.0, 0.25]`" in text
     preimage = msgpack.packb([averaging.GROUP_ID_DOMAIN, "my-run", 3,
                               [[m.peer_id.to_bytes(), m.client_mode, m.auxiliary] for m in view],

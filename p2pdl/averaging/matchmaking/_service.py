@@ -52,19 +52,15 @@ from ...service import (
 )
 from ...wire import Message, RequestContext
 from ._messages import MATCHMAKING_PROTOCOL, REJECT_CODES, Formed, Join, MemberEntry, Rejected
+from ._plan import Group, GroupMemberInfo, check_capacity, check_run, late_members
 from ._state import (
     ACCEPTED,
     HOLD,
-    Group,
-    GroupMemberInfo,
     LeaderSearch,
     MatchmakingRound,
     Refusal,
     UnresponsivePeers,
-    check_capacity,
-    check_run,
     group_from_formed,
-    late_members,
 )
 from .config import (
     AGGREGATION_DIGEST_SIZE,

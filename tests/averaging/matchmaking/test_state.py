@@ -25,21 +25,17 @@ from p2pdl.averaging import (
     plan_groups,
 )
 from p2pdl.averaging.matchmaking import Group, plan_fractions
-from p2pdl.averaging.matchmaking._state import (
-    ACCEPTED,
+from p2pdl.averaging.matchmaking._plan import (
     FRACTION_TOLERANCE,
-    HOLD,
-    Phase,
-    Refusal,
     check_capacity,
     check_fractions,
     check_run,
     expected_members,
-    group_from_formed,
     late_members,
     make_group,
     member_capacities,
 )
+from p2pdl.averaging.matchmaking._state import ACCEPTED, HOLD, Phase, Refusal, group_from_formed
 from p2pdl.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 
 pytestmark = pytest.mark.timeout(60)
@@ -568,7 +564,7 @@ def test_the_leaders_plan_favours_fast_members_and_gives_clients_nothing():
 
 
 def test_the_plan_falls_back_to_equal_shares_when_the_program_fails(monkeypatch):
-    import p2pdl.averaging.matchmaking._state as mm
+    import p2pdl.averaging.matchmaking._plan as mm
 
     def broken(peers, vector_bytes):
         raise LocalProtocolError("the load-balancing program failed: infeasible")
