@@ -24,6 +24,25 @@ async def test_second_node_connects_to_the_first_printed_address():
             assert second.peer_id != first.peer_id
 
 
+async def test_a_node_serves_prometheus_metrics_where_it_says():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with open_node_process(["--metrics", "127.0.0.1:0"]) as node:
+        line = next(line for line in node.lines if line.startswith("metrics: "))
+        url = line.split(" ", 1)[1]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+        port = int(url.rsplit(":", 1)[1].split("/", 1)[0])
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        with trio.fail_after(10):
+            while chunk := await stream.receive_some(1 << 16):
+                data += chunk
+        names = {f.name for f in text_string_to_metric_families(
+            data.split(b"\r\n\r\n", 1)[1].decode())}
+        assert {"p2pdl_connected_peers", "p2pdl_dht_queries", "process_cpu_seconds"} <= names
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_stops_the_node_quickly_and_quietly(signum):
     proc = subprocess.Popen(
@@ -58,6 +77,8 @@ def test_identity_option_keeps_the_peer_id(tmp_path):
     (["node", "--initial-peers", "localhost:4001"], "is not a multiaddr"),
     (["node", "--listen", "/ip4/127.0.0.1/udp/1"], "must be /ip4"),
     (["node", "--status-interval", "0"], "--status-interval must be positive"),
+    (["node", "--metrics", "9100"], "expected HOST:PORT"),
+    (["train", "--metrics", "localhost"], "expected HOST:PORT"),
     (["fly"], "invalid choice"),
 ])
 def test_bad_input_is_a_one_line_error(args, message):

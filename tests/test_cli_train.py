@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -118,7 +119,7 @@ def test_train_help_lists_the_flags():
                  "--client-mode", "--auxiliary", "--mode", "--delay-updates", "--peer-index",
                  "--max-epochs", "--duration", "--threads", "--bandwidth", "--eval-every",
                  "--json-lines", "--checkpoint-dir", "--matchmaking-time", "--aggregator",
-                 "--tau", "--clip-sent-norm"):
+                 "--tau", "--clip-sent-norm", "--metrics"):
         assert flag in result.stdout
 
 
@@ -211,9 +212,15 @@ def test_signal_stops_training_quickly_and_quietly(signum):
 
 @pytest.mark.timeout(90)
 def test_signal_stops_a_peer_waiting_for_others():
-    proc = TrainProcess(["--json-lines", "--wait-for-peers", "3", "--wait-timeout", "120"])
+    """... while it serves its metrics (``--metrics``), which show its run."""
+    proc = TrainProcess(["--json-lines", "--wait-for-peers", "3", "--wait-timeout", "120",
+                         "--metrics", "127.0.0.1:0"])
     try:
         proc.wait_for_event(lambda e: e["event"] == "ready", 60)
+        url = proc.wait_for_event(lambda e: e["event"] == "metrics", 10)["url"]
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            text = reply.read().decode()
+        assert 'p2pdl_progress_view_epoch{run_id="' in text, text[:2000]
         time.sleep(0.5)
         proc.proc.send_signal(signal.SIGINT)
         start = time.monotonic()

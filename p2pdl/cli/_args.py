@@ -161,3 +161,22 @@ def add_identity(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--identity", metavar="FILE",
                         help="ed25519 identity file, created (mode 0600) if missing; "
                              "default: a new identity every run")
+
+
+def add_metrics(parser: argparse.ArgumentParser) -> None:
+    """``--metrics HOST:PORT``: serve Prometheus metrics (docs/metrics.md)."""
+    parser.add_argument("--metrics", type=metrics_address, default=None, metavar="HOST:PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics "
+                             "(port 0: a free one, printed; docs/metrics.md)")
+
+
+def metrics_address(text: str) -> str:
+    """An argparse type: ``HOST:PORT`` as :func:`p2pdl.metrics.parse_address` reads it."""
+    from ..metrics import parse_address
+
+    try:
+        parse_address(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+

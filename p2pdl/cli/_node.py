@@ -3,9 +3,10 @@
     p2pdl node [--listen MULTIADDR ...] [--initial-peers MULTIADDR ...] [--identity FILE]
                [--relay] [--no-relays] [--status-interval S] [--duration S]
                [--run-id R ...] [--authority ID --certificate FILE | --allowlist FILE]
-               [--revocations FILE]
+               [--revocations FILE] [--metrics HOST:PORT]
 
-Prints each full address on its own line, then one line per run it serves
+Prints each full address on its own line (with ``--metrics``, then
+``metrics: http://HOST:PORT/metrics``), then one line per run it serves
 (``--run-id``, repeatable) saying who may take part (open, allowlist or
 certificate, ``_runs``), then a status line every ``--status-interval``
 seconds.  SIGINT or SIGTERM stops it (exit status 0).
@@ -22,12 +23,14 @@ import trio
 
 from .. import NodeConfig, TrioNode, open_node
 from .._concurrency import open_service_nursery
+from ..metrics import serve_metrics
 from ._args import (
     DEFAULT_LISTEN,
     UsageError,
     add_identity,
     add_initial_peers,
     add_listen,
+    add_metrics,
     run_id_text,
 )
 from ._runs import RunPlan, add_membership, closed, identity_path, peer_id_of_identity, plan_runs
@@ -66,6 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a run this node serves, with the membership flags below (repeat "
                         "for more; a certificate is for one run)")
     add_membership(p)
+    add_metrics(p)
     p.set_defaults(handler=run)
 
 
@@ -116,6 +120,9 @@ async def serve_node(args: argparse.Namespace, plan: RunPlan | None = None,
                 nursery.cancel_scope.deadline = trio.current_time() + args.duration
             for addr in node.addrs:
                 print(addr, flush=True)
+            if getattr(args, "metrics", None):
+                host, port = await nursery.start(serve_metrics, node, args.metrics)
+                print(f"metrics: http://{host}:{port}/metrics", flush=True)
             if plan is not None:
                 for line in plan.lines:
                     logger.info("%s", line)

@@ -3,7 +3,8 @@
     p2pdl train [--task MODULE:FACTORY [--task-arg KEY=VALUE ...]]
                 [--initial-peers MULTIADDR ...] [--run-id NAME] [--auxiliary | --client-mode]
                 [--target-batch-size N] [--batch-size N] [--duration S] [--json-lines]
-                [--authority ID --certificate FILE | --allowlist FILE] [--revocations FILE] ...
+                [--authority ID --certificate FILE | --allowlist FILE] [--revocations FILE]
+                [--metrics HOST:PORT] ...
 
 One process is one peer: a sync :class:`~p2pdl.Node` (trio in its thread)
 and a :class:`~p2pdl.Optimizer` over the task's model, trained by a plain
@@ -48,12 +49,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..averaging import AGGREGATORS, Aggregator
+from ..metrics import start_metrics
 from ._args import (
     ATTACK_KINDS,
     UsageError,
     add_identity,
     add_initial_peers,
     add_listen,
+    add_metrics,
     non_negative_float,
     non_negative_int,
     option_pair,
@@ -91,6 +94,7 @@ EVENTS = {
              "or null), task (--task, or null: the built-in example), client_mode, run_id, "
              "target, batch_size, parameters, membership "
              "(open | allowlist | certificate), membership_note (the run's mode in words)",
+    "metrics": "url (with --metrics: where Prometheus scrapes this peer)",
     "started": "training began (after --wait-for-peers): peers",
     "step": "t (s since training began), epoch, loss (moving average of the local "
             "training loss), samples (local total), global_samples, target, peers, "
@@ -211,6 +215,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    metavar="SECONDS",
                    help=f"seconds between human status lines (default {STATUS_INTERVAL:g})")
     add_membership(p)
+    add_metrics(p)
     p.set_defaults(handler=run)
 
 
@@ -422,6 +427,10 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
                   membership=plan.mode, membership_note=plan.lines[0])
         for addr in addrs:
             out.human(addr)
+        if args.metrics is not None:
+            host, port = start_metrics(node, args.metrics)
+            out.event("metrics", url=f"http://{host}:{port}/metrics")
+            out.human(f"metrics: http://{host}:{port}/metrics")
         for line in plan.lines:
             out.human(line)
         if stored is not None:
