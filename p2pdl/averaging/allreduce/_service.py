@@ -181,6 +181,7 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
         self._waiting = 0
         self._waiting_by_peer: collections.Counter[Any] = collections.Counter()
         self._counters = dict.fromkeys(COUNTERS, 0)
+        self._counters["round_seconds"] = 0.0
         #: Verification's buffers, kept from round to round.
         self._scratch = Scratch()
 
@@ -576,4 +577,7 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
                                  dict(session.times), _predicted(group, layout),
                                  session.auxiliary, tuple(sorted(session.heard)))
         self._counters["completed" if result.completed else "incomplete"] += 1
+        self._counters["bytes_sent"] += session.bytes_sent
+        self._counters["bytes_received"] += session.bytes_received
+        self._counters["round_seconds"] += session.times.get("total", 0.0)
         return result

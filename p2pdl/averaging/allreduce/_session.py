@@ -146,7 +146,12 @@ class AllReduceStatistics(Statistics):
     judged; ``proofs_unfetched``: fetches that failed (tried again, up to
     MAX_FETCH_TRIES times); ``lies_proven``: lies those proofs proved
     (the liar flagged ``reducer_lie`` or ``report_lie``, once per lie);
-    false proofs count in ``accusations_false``.
+    false proofs count in ``accusations_false``.  ``bytes_sent`` and
+    ``bytes_received``: the tensor bytes of this node's rounds (its values to
+    reducers, its part's results to senders, and back), as
+    :class:`AllReduceResult` counts them; ``round_seconds``: the seconds its
+    rounds took, from the call to the result (over ``completed`` plus
+    ``incomplete``: the mean round time).
     """
 
     active: int
@@ -187,6 +192,9 @@ class AllReduceStatistics(Statistics):
     proofs_fetched: int = 0
     proofs_unfetched: int = 0
     lies_proven: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    round_seconds: float = 0.0
 
 
 #: The counters of :meth:`AllReduceService.statistics`.

@@ -110,6 +110,7 @@ async def test_weighted_mean_is_exact_without_compression(count):
 
 
 async def test_a_second_round_and_inplace():
+    totals = [0, 0, 0.0]
     async with open_nodes(3) as nodes:
         await connect_all(nodes)
         for round_ in range(2):
@@ -128,7 +129,14 @@ async def test_a_second_round_and_inplace():
             for i in range(3):
                 assert results[i].tensors[0] is xs[i][0]
                 assert max_error(xs[i], truth) < 1e-6
-        assert nodes[0].allreduce.statistics()["completed"] == 2
+            totals[0] += results[0].bytes_sent
+            totals[1] += results[0].bytes_received
+            totals[2] += results[0].times["total"]
+        stats = nodes[0].allreduce.statistics()
+        assert stats["completed"] == 2
+        # the counters of every round: bytes as the results say, seconds of the rounds
+        assert (stats["bytes_sent"], stats["bytes_received"]) == tuple(totals[:2])
+        assert stats["round_seconds"] == pytest.approx(totals[2]) and totals[2] > 0
 
 
 @pytest.mark.parametrize("codec", ["fp16", "uint8"])
