@@ -25,6 +25,8 @@ Layers, bottom to top; a layer imports only the layers below it
   between threads and the node's trio thread) and ``_faces`` (each service's
   sync and asyncio face).
 * ``p2pdl.metrics`` -- Prometheus metrics of a running node (``--metrics``).
+* ``p2pdl.monitor`` -- following a run and crediting its contributors
+  (``p2pdl monitor``).
 * ``p2pdl.cli`` -- the ``p2pdl`` command.
 * ``p2pdl.testing`` -- real nodes on loopback for tests and simulations.
 * ``p2pdl.hf`` -- a ``transformers.Trainer`` that trains with the swarm

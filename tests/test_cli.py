@@ -95,7 +95,7 @@ def test_help_lists_only_what_works():
     commands = out.split("positional arguments:")[1].split("options:")[0]
     listed = {line.split()[0] for line in commands.splitlines()
               if line.startswith("    ") and not line.startswith("     ")}
-    assert listed == {"node", "train", "demo", "identity", "auth", "netlab"}
+    assert listed == {"node", "train", "monitor", "demo", "identity", "auth", "netlab"}
 
 
 async def test_relay_node_and_status_line_with_reachability_and_paths():

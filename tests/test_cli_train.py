@@ -86,15 +86,19 @@ class TrainProcess:
             self.proc.wait(10)
 
 
-def run_two(common: Sequence[str], check_ready: Callable[[dict[str, Any]], None]
+def run_two(common: Sequence[str], check_ready: Callable[[dict[str, Any]], None],
+            on_first: Callable[[str], None] | None = None
             ) -> tuple[TrainProcess, TrainProcess]:
     """Two trainers with ``common`` flags, peer 1 joining peer 0 (whose ``ready``
-    event ``check_ready`` sees first); both must exit with status 0."""
+    event ``check_ready`` sees first, and ``on_first`` its address); both must
+    exit with status 0."""
     first = TrainProcess([*common, "--peer-index", "0"])
     second = None
     try:
         ready = first.wait_for_event(lambda e: e["event"] == "ready", 60)
         check_ready(ready)
+        if on_first is not None:
+            on_first(ready["addrs"][0])
         second = TrainProcess([*common, "--peer-index", "1",
                                "--initial-peers", ready["addrs"][0]])
         for proc in (first, second):
@@ -167,14 +171,42 @@ def test_bad_input_is_a_one_line_error(args, message):
 
 
 @pytest.mark.timeout(150)
-def test_two_trainers_reach_epoch_two_together():
+def test_two_trainers_reach_epoch_two_together_and_a_monitor_credits_them(tmp_path):
     common = ["--json-lines", "--target-batch-size", "64", "--max-epochs", "2",
               "--wait-for-peers", "2", "--matchmaking-time", "5", "--run-id", "two-peers"]
     def check_ready(ready: dict[str, Any]) -> None:
         assert ready["role"] == "trainer" and ready["peer_index"] == 0
         assert all(a.startswith("/ip4/127.0.0.1/tcp/") for a in ready["addrs"])
 
-    first, second = run_two(common, check_ready)
+    monitors: list[subprocess.Popen[str]] = []
+    export = tmp_path / "credits.json"
+
+    def start_monitor(address: str) -> None:
+        monitors.append(subprocess.Popen(
+            [sys.executable, "-m", "p2pdl", "monitor", *LOOPBACK, "--run-id", "two-peers",
+             "--initial-peers", address, "--db", str(tmp_path / "credits.sqlite"),
+             "--target-batch-size", "64", "--status-interval", "1", "--export", str(export)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
+    try:
+        first, second = run_two(common, check_ready, start_monitor)
+        time.sleep(1.5)   # a last look at the view
+        monitors[0].send_signal(signal.SIGINT)
+        out, err = monitors[0].communicate(timeout=20)
+    finally:
+        for proc in monitors:
+            proc.kill()
+    assert monitors[0].returncode == 0 and "Traceback" not in err, err
+    assert "leaderboard of two-peers" in out and any(
+        line.startswith("monitor: run two-peers | epoch ") for line in out.splitlines()), out
+    credits = json.loads(export.read_text())
+    trainers = {proc.events[0]["peer_id"] for proc in (first, second)}
+    # Credited: trainers only (never the monitor), at most a target batch per
+    # epoch.  (An epoch of 64 samples passes in about a second: a trainer's
+    # reports may reach the monitor only after it counted.)
+    credited = {s["peer_id"] for s in credits["leaderboard"]}
+    assert credited and credited <= trainers, (out, credits)
+    assert all(0 < c["samples"] <= 64 and c["epoch"] in (0, 1) for c in credits["credits"])
     for proc in (first, second):
         assert "Traceback" not in proc.stderr, proc.stderr
         kinds = [e["event"] for e in proc.events]
@@ -184,7 +216,7 @@ def test_two_trainers_reach_epoch_two_together():
         assert done["reason"] == "max-epochs" and done["epoch"] >= 2
         assert done["statistics"]["averaged"] >= 1  # they did average together
         steps = [e for e in proc.events if e["event"] == "step"]
-        assert max(e["peers"] for e in steps) == 2
+        assert max(e["peers"] for e in steps) in (2, 3)   # the monitor: an auxiliary peer
         assert all(e["target"] == 64 for e in steps)
     # Same start, same averaged gradients: the same parameters, the same held-out
     # loss -- when every round averaged (a failed one steps with local gradients).

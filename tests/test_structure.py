@@ -39,7 +39,7 @@ LAYERS = {
     "averaging": 7,
     "training": 8,
     "": 9,  # the node: p2pdl/__init__.py, _node, _config, _portal, _faces, _sync_node
-    "metrics": 10,
+    "metrics": 10, "monitor": 10,
     "cli": 11, "testing": 11, "hf": 11,
 }
 #: Root modules every layer may import although their names are private.

@@ -2,6 +2,7 @@
 
     p2pdl node [--listen MULTIADDR ...] [--initial-peers MULTIADDR ...] [--identity FILE]
     p2pdl train [--initial-peers MULTIADDR ...] [--run-id NAME] [--json-lines] ...
+    p2pdl monitor --run-id NAME [--initial-peers MULTIADDR ...] [--db FILE] [--export FILE]
     p2pdl demo [--duration SECONDS] [--out DIR]
     p2pdl identity [--identity FILE]
     p2pdl auth init | issue | revoke | show
@@ -12,11 +13,13 @@ Modules:
 * ``_main`` -- the parser, logging on stderr, dispatch and error reporting.
 * ``_args`` -- argument types (positive numbers, durations, peer and run ids...)
   and arguments every peer has.
-* ``_runs`` -- the run membership flags of ``train`` and ``node`` (certificate,
+* ``_runs`` -- the run membership flags of ``train``, ``node`` and ``monitor`` (certificate,
   allowlist, revocations), checked before the node starts.
 * ``_format`` -- numbers for JSON (no NaN) and for tables and status lines.
 * ``_node`` -- ``p2pdl node``: a long-lived peer, its addresses and status lines.
 * ``_train`` -- ``p2pdl train``: one training peer of the example task, its events.
+* ``_monitor`` -- ``p2pdl monitor``: follows a run, credits its contributors
+  (SQLite), status lines, the leaderboard, exports.
 * ``_demo`` -- ``p2pdl demo``: the swarm phase, then the baseline; signals.
 * ``_demo_children`` -- the demo's child processes: start, read events, stop.
 * ``_demo_view`` -- the demo's live view (rich) and plain progress lines.

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from .. import __version__
 from ..errors import P2PDLError
-from . import _auth, _demo, _identity, _netlab, _node, _train
+from . import _auth, _demo, _identity, _monitor, _netlab, _node, _train
 from ._args import UsageError
 
 __all__ = ["build_parser", "main"]
@@ -33,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _node.add_parser(sub)
     _train.add_parser(sub)
+    _monitor.add_parser(sub)
     _demo.add_parser(sub)
     _identity.add_parser(sub)
     _auth.add_parser(sub)

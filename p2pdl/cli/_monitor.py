@@ -1,0 +1,175 @@
+"""``p2pdl monitor``: follow a run and credit its contributors.
+
+    p2pdl monitor --run-id R [--initial-peers MULTIADDR ...] [--db FILE]
+                  [--target-batch-size N] [--status-interval S] [--duration S]
+                  [--top N] [--export FILE.csv|FILE.json] [--metrics HOST:PORT]
+                  [--authority ID --certificate FILE | --allowlist FILE] ...
+
+A peer that takes no part in training or averaging: it follows the run's
+progress gossip (an auxiliary peer with no samples; in a certificate run its
+certificate's role is ``monitor``), credits each peer with the samples its
+own signed reports claim at every epoch the run completes
+(:mod:`p2pdl.monitor`: capped at the target batch size per peer and epoch)
+into an SQLite database (``--db``, kept across restarts), and prints its
+addresses, then a status line every ``--status-interval`` seconds with the
+run's epoch, peers, throughput and the leaderboard's top ``--top``.  At the
+end (SIGINT, SIGTERM or ``--duration``) it prints the leaderboard and, with
+``--export``, writes the run's credits as CSV or JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import math
+import signal
+import time
+from pathlib import Path
+
+import trio
+
+from .. import NodeConfig, open_node
+from .._concurrency import open_service_nursery
+from ..metrics import serve_metrics
+from ..monitor import CreditStore, Glance, follow_run
+from ._args import (
+    UsageError,
+    add_identity,
+    add_initial_peers,
+    add_listen,
+    add_metrics,
+    positive_float,
+    positive_int,
+    run_id_text,
+)
+from ._runs import (
+    RunPlan,
+    add_membership,
+    closed,
+    identity_path,
+    peer_id_of_identity,
+    plan_runs,
+)
+
+__all__ = ["add_parser", "run", "DEFAULT_DB", "STATUS_INTERVAL"]
+
+logger = logging.getLogger(__name__)
+
+#: The credit database by default (in the working directory).
+DEFAULT_DB = "p2pdl-monitor.sqlite"
+#: Seconds between status lines (default of --status-interval).
+STATUS_INTERVAL = 10.0
+#: Target batch size assumed by default (p2pdl train's default).
+TARGET_BATCH_SIZE = 256
+#: Leaderboard lines in the status (default of --top).
+TOP = 3
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """Add ``p2pdl monitor`` to the ``p2pdl`` parser's subcommands."""
+    p = sub.add_parser(
+        "monitor", help="follow a run and credit its contributors (leaderboard, exports)",
+        description="Follow a run's progress without training, credit each peer with the "
+                    "samples its own signed reports claim at every epoch the run completes, "
+                    "keep the credits in SQLite, and print status lines and a leaderboard.")
+    p.add_argument("--run-id", required=True, type=run_id_text, metavar="R",
+                   help="the run to follow")
+    add_listen(p)
+    add_initial_peers(p, "join the run through")
+    add_identity(p)
+    p.add_argument("--db", default=DEFAULT_DB, metavar="FILE",
+                   help=f"the credit database (SQLite), kept across restarts "
+                        f"(default {DEFAULT_DB})")
+    p.add_argument("--target-batch-size", type=positive_int, default=TARGET_BATCH_SIZE,
+                   metavar="N", help=f"the run's target batch size: the most a peer is "
+                                     f"credited per epoch (default {TARGET_BATCH_SIZE})")
+    p.add_argument("--status-interval", type=positive_float, default=STATUS_INTERVAL,
+                   metavar="SECONDS",
+                   help=f"seconds between status lines (default {STATUS_INTERVAL:g})")
+    p.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS",
+                   help="stop after this many seconds (default: run until stopped)")
+    p.add_argument("--top", type=positive_int, default=TOP, metavar="N",
+                   help=f"leaderboard lines in each status line (default {TOP})")
+    p.add_argument("--export", default=None, metavar="FILE",
+                   help="at the end, write the run's credits to FILE (.csv or .json)")
+    add_membership(p)
+    add_metrics(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``p2pdl monitor`` with parsed ``args``; return the exit status."""
+    if args.export is not None and Path(args.export).suffix.lower() not in (".csv", ".json"):
+        raise UsageError("--export FILE must end in .csv or .json")
+    identity = identity_path(args)
+    plan = plan_runs(args, [args.run_id],
+                     peer_id_of_identity(identity) if closed(args) else None)
+    with CreditStore(args.db) as store:
+        trio.run(_monitor, args, plan, identity, store)
+        board = store.leaderboard(args.run_id)
+        print(f"leaderboard of {args.run_id} ({len(board)} peer(s), "
+              f"{sum(s.samples for s in board)} samples credited):", flush=True)
+        for rank, standing in enumerate(board, 1):
+            print(f"{rank:4d}. {standing.peer_id}  {standing.samples} samples in "
+                  f"{standing.epochs} epoch(s) ({standing.first_epoch}..{standing.last_epoch})",
+                  flush=True)
+        if args.export is not None:
+            path = Path(args.export)
+            text = store.export_json(args.run_id) if path.suffix.lower() == ".json" \
+                else store.export_csv(args.run_id)
+            path.write_text(text)
+            print(f"exported: {path}", flush=True)
+    return 0
+
+
+async def _monitor(args: argparse.Namespace, plan: RunPlan, identity: str | None,
+                   store: CreditStore) -> None:
+    config = NodeConfig.build(listen=args.listen, initial_peers=args.initial_peers,
+                              identity_path=identity)
+    latest: list[Glance] = []
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with open_node(config, runs=plan.policies) as node, \
+                open_service_nursery() as nursery:
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    logger.info("received %s, stopping", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(stop_on_signal)
+            if args.duration is not None:
+                nursery.cancel_scope.deadline = trio.current_time() + args.duration
+            for addr in node.addrs:
+                print(addr, flush=True)
+            for line in plan.lines:
+                print(line, flush=True)
+            if args.metrics:
+                host, port = await nursery.start(serve_metrics, node, args.metrics)
+                print(f"metrics: http://{host}:{port}/metrics", flush=True)
+            await nursery.start(functools.partial(
+                follow_run, node, args.run_id, store, target_batch_size=args.target_batch_size,
+                on_glance=lambda glance: latest.__setitem__(slice(None), [glance])))
+            start = time.monotonic()
+            while True:
+                await trio.sleep(args.status_interval)
+                if latest:
+                    print(status_line(latest[0], store, args.run_id, args.top,
+                                      time.monotonic() - start), flush=True)
+
+
+def status_line(glance: Glance, store: CreditStore, run_id: str, top: int,
+                uptime: float) -> str:
+    """One line: the run's epoch, peers by role, throughput, ETA, and the top credits."""
+    view = glance.progress
+    trainers = sum(1 for p in glance.peers if not p.auxiliary)
+    auxiliary = len(glance.peers) - trainers
+    eta = view.eta_next_epoch - view.time
+    eta_text = f"{eta:.0f} s" if math.isfinite(eta) and eta >= 0 else "-"
+    board = store.leaderboard(run_id, limit=top)
+    leaders = ", ".join(f"{s.peer_id[-8:]} {s.samples}" for s in board) or "none yet"
+    return (f"monitor: run {run_id} | epoch {view.epoch} (quorum {view.quorum_epoch}) | "
+            f"{trainers} trainer(s), {auxiliary} auxiliary | "
+            f"{view.samples_per_second:.1f} samples/s | next epoch in {eta_text} | "
+            f"credited: {leaders} | up {uptime:.0f} s")

@@ -1,0 +1,22 @@
+"""Crediting a run's contributors from evidence (docs/monitor.md).
+
+A peer that follows a run's progress (a monitor) credits each peer with the
+samples its own signed reports claim at each epoch the run stepped past,
+capped at the run's target batch size per peer and epoch, and keeps the
+credits in an SQLite database that survives restarts; a leaderboard and
+CSV or JSON exports read them.  Modules:
+
+* ``_ledger`` -- :class:`Ledger`: which samples count and when (sans-IO).
+* ``_store`` -- :class:`CreditStore`: the credits in SQLite (the schema is
+  documented there), the leaderboard and the exports.
+* ``_follow`` -- :func:`follow_run`: a node follows a run's progress and
+  credits what the view shows (trio).
+"""
+
+from ._follow import Glance as Glance
+from ._follow import follow_run as follow_run
+from ._ledger import Credit as Credit
+from ._ledger import Ledger as Ledger
+from ._store import SCHEMA_VERSION as SCHEMA_VERSION
+from ._store import CreditStore as CreditStore
+from ._store import Standing as Standing

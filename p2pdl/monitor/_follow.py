@@ -1,0 +1,79 @@
+"""Following a run's progress and crediting its contributors (trio).
+
+:func:`follow_run` tracks the run as an auxiliary peer that processes no
+samples (it gets the gossip; trainers count only trainers, so it moves no
+one's decisions; in a certificate run its ``monitor`` role makes its
+reports count for nothing), follows the run's epoch, and every
+``interval`` seconds hands the view's reports to a :class:`Ledger` and the
+credits due to a :class:`CreditStore`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import trio
+from libp2p.peer.id import ID
+
+from ._ledger import Ledger
+from ._store import CreditStore
+
+if TYPE_CHECKING:
+    from .. import TrioNode
+
+__all__ = ["follow_run", "Glance", "DEFAULT_INTERVAL"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds between two looks at the view (default of ``interval``).
+DEFAULT_INTERVAL = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Glance:
+    """What one look at the run saw: its progress (``GlobalProgress``), the
+    peers in view (``PeerReport``, this monitor left out), the credits it
+    added and the ledger's state."""
+
+    progress: Any
+    peers: tuple[Any, ...]
+    credited: int
+    ledger: Ledger
+
+
+async def follow_run(node: TrioNode, run_id: str, store: CreditStore, *,
+                     target_batch_size: int, interval: float = DEFAULT_INTERVAL,
+                     on_glance: Callable[[Glance], None] | None = None,
+                     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Follow ``run_id`` and credit its contributors into ``store`` until cancelled."""
+    if not interval > 0:
+        raise ValueError("interval must be positive")
+    ledger = Ledger(run_id, target_batch_size)
+    me = node.peer_id.to_bytes()
+    async with node.progress.track(run_id, target_batch_size, auxiliary=True) as tracker:
+        task_status.started()
+        while True:
+            progress = tracker.global_progress()
+            if progress.epoch > tracker.local_epoch:
+                tracker.update_epoch(progress.epoch)   # follow the run
+            peers = tuple(r for r in tracker.peers() if r.peer_id != me)
+            credits = ledger.observe(((_name(r.peer_id), r.epoch, r.samples_accumulated,
+                                       r.auxiliary) for r in peers),
+                                     progress.quorum_epoch, node.dht.now())
+            added = store.add(credits)
+            if added:
+                logger.info("run %s: %d credit(s) at epoch %d", run_id, added,
+                            progress.quorum_epoch)
+            if on_glance is not None:
+                on_glance(Glance(progress, peers, added, ledger))
+            await trio.sleep(interval)
+
+
+def _name(peer_id: bytes) -> str:
+    try:
+        return ID(peer_id).to_base58()
+    except Exception:   # the view holds checked ids; defensive
+        return peer_id.hex()

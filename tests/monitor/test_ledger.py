@@ -1,0 +1,95 @@
+"""The accounting's rules (Ledger) and their store (CreditStore), no network."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from p2pdl.errors import ConfigError
+from p2pdl.monitor import SCHEMA_VERSION, Credit, CreditStore, Ledger
+
+RUN = "run-x"
+
+
+def credits_of(credits):
+    return {(c.peer_id, c.epoch): c.samples for c in credits}
+
+
+def test_an_epoch_counts_once_the_run_stepped_past_it_with_the_largest_claim():
+    ledger = Ledger(RUN, 100)
+    assert ledger.observe([("a", 0, 10, False), ("b", 0, 5, False)], 0, 1.0) == []
+    assert ledger.observe([("a", 0, 40, False), ("b", 0, 3, False)], 0, 2.0) == []
+    assert ledger.pending == 2
+    due = ledger.observe([("a", 1, 2, False), ("b", 0, 60, False)], 1, 3.0)
+    assert credits_of(due) == {("a", 0): 40, ("b", 0): 60}   # largest, not summed
+    assert all(c.time == 3.0 and c.run_id == RUN for c in due)
+    assert ledger.pending == 1                                 # a's epoch 1 waits
+
+
+def test_a_claim_counts_at_most_one_target_batch_and_auxiliaries_nothing():
+    ledger = Ledger(RUN, 64)
+    ledger.observe([("liar", 0, 2**31, False), ("aux", 0, 0, True), ("aux2", 0, 99, True),
+                    ("idle", 0, 0, False)], 0, 1.0)
+    assert credits_of(ledger.observe([], 1, 2.0)) == {("liar", 0): 64}
+
+
+def test_only_epochs_the_ledger_saw_complete_count_and_late_reports_do_not():
+    ledger = Ledger(RUN, 100)
+    # started mid-run: the run is at quorum 5; a peer lagging at epoch 3 is not credited
+    assert ledger.observe([("lag", 3, 50, False), ("a", 5, 10, False)], 5, 1.0) == []
+    assert ledger.late == 1
+    assert credits_of(ledger.observe([("a", 6, 1, False)], 6, 2.0)) == {("a", 5): 10}
+    ledger.observe([("b", 5, 70, False)], 6, 3.0)      # epoch 5 already counted
+    assert ledger.late == 2 and ledger.pending == 1
+
+
+def test_pending_pairs_are_bounded_dropping_the_oldest_epochs():
+    ledger = Ledger(RUN, 100, max_pending=3)
+    ledger.observe([(f"p{i}", 10 + i, 1, False) for i in range(5)], 0, 1.0)
+    assert ledger.pending == 3 and ledger.dropped == 2
+    assert sorted(e for _, e in ledger._pending) == [12, 13, 14]
+
+
+def test_a_bad_target_is_refused():
+    with pytest.raises(ValueError):
+        Ledger(RUN, 0)
+
+
+def test_the_store_keeps_the_largest_credit_once_across_restarts(tmp_path):
+    path = tmp_path / "credits.sqlite"
+    with CreditStore(path) as store:
+        assert store.add([Credit(RUN, "a", 0, 40, 1.0), Credit(RUN, "b", 0, 60, 1.0),
+                          Credit(RUN, "a", 1, 30, 2.0), Credit("other", "a", 0, 5, 1.0)]) == 4
+        assert store.add([Credit(RUN, "a", 0, 40, 9.0)]) == 0      # the same again: nothing
+    with CreditStore(path) as store:                                 # a restart
+        assert store.add([Credit(RUN, "a", 0, 20, 9.0)]) == 0      # smaller: kept as it was
+        assert store.add([Credit(RUN, "a", 0, 45, 9.0)]) == 1      # larger: grows
+        board = store.leaderboard(RUN)
+        assert [(s.peer_id, s.samples, s.epochs) for s in board] == [("a", 75, 2), ("b", 60, 1)]
+        assert store.leaderboard(RUN, limit=1)[0].peer_id == "a"
+        assert store.runs() == ["other", RUN]
+        first = [c for c in store.credits(RUN) if c.peer_id == "a" and c.epoch == 0][0]
+        assert first.time == 1.0 and first.samples == 45               # first credited at 1.0
+        rows = store.export_csv(RUN).splitlines()
+        assert rows[0] == "run_id,peer_id,epoch,samples,credited_at" and len(rows) == 4
+        data = json.loads(store.export_json(RUN))
+        assert data["leaderboard"][0] == {"peer_id": "a", "samples": 75, "epochs": 2,
+                                          "first_epoch": 0, "last_epoch": 1}
+        assert len(data["credits"]) == 3
+
+
+def test_a_file_that_is_not_a_credit_database_is_one_clear_error(tmp_path):
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"not sqlite at all" * 100)
+    with pytest.raises(ConfigError, match="not a credit database"):
+        CreditStore(junk)
+    other = tmp_path / "other.sqlite"
+    CreditStore(other).close()
+    db = sqlite3.connect(other)
+    db.execute("UPDATE meta SET value = '99' WHERE key = 'schema'")
+    db.commit()
+    db.close()
+    with pytest.raises(ConfigError, match=f"schema 99, not {SCHEMA_VERSION}"):
+        CreditStore(other)
