@@ -62,7 +62,8 @@ def test_demo_trains_a_swarm_and_a_baseline_and_reports(tmp_path):
     assert swarm["val_loss_end"] < swarm["val_loss_start"]
     assert swarm["epochs"] >= 2 and solo["epochs"] >= 2
     roles = {p["name"]: p for p in swarm["peers"]}
-    assert set(roles) == {"trainer-0", "trainer-1", "trainer-2", "auxiliary", "relay"}
+    assert set(roles) == {"trainer-0", "trainer-1", "trainer-2", "auxiliary", "relay",
+                          "monitor"}
     assert roles["trainer-2"]["client_mode"] is True
     for name in ("trainer-0", "trainer-1", "trainer-2", "auxiliary"):
         peer = roles[name]
@@ -80,8 +81,8 @@ def test_demo_trains_a_swarm_and_a_baseline_and_reports(tmp_path):
     # member that reported, as their own gate's statistics say.
     membership = report["membership"]
     assert membership["mode"] == "certificate"
-    assert set(membership["members"]) == {"relay", "trainer-0", "trainer-1", "trainer-2",
-                                          "auxiliary"}
+    assert set(membership["members"]) == {"relay", "monitor", "trainer-0", "trainer-1",
+                                          "trainer-2", "auxiliary"}
     [uninvited] = membership["uninvited"]
     assert uninvited["peer_id"] not in membership["members"].values()
     assert uninvited["membership"] == "open"  # it did not even claim to be a member
@@ -91,6 +92,15 @@ def test_demo_trains_a_swarm_and_a_baseline_and_reports(tmp_path):
     line = re.search(r"uninvited peer (12D3\S+): refused by (\d)/(\d) members \(not_admitted",
                      result.stdout)
     assert line and line.group(2) == line.group(3) == "4", result.stdout[-3000:]
+    # The monitor credited the trainers (never the auxiliary peer, the relay or
+    # the uninvited peer) from their signed reports, and served metrics.
+    credited = {p["name"]: p for p in report["contributions"]["peers"]}
+    assert credited and set(credited) <= {"trainer-0", "trainer-1", "trainer-2"}, credited
+    assert all(0 < p["samples"] <= 512 * p["epochs"] for p in credited.values())
+    assert (out / "credits.sqlite").exists()
+    printed = " ".join(result.stdout.split())   # rich wraps long lines
+    assert "contributions (the monitor's credits from signed reports): trainer-" in printed
+    assert re.search(r"Prometheus metrics at http://127\.0\.0\.1:\d+/metrics", printed)
 
 
 @pytest.mark.slow
@@ -118,7 +128,8 @@ def test_ctrl_c_stops_every_child_and_writes_a_partial_report(tmp_path):
         assert training.wait(150), "".join(lines[-20:])
         time.sleep(3)
         children = _children_of(proc.pid)
-        assert len(children) == 6  # relay, three trainers, the auxiliary and the uninvited peer
+        # relay, monitor, three trainers, the auxiliary and the uninvited peer
+        assert len(children) == 7
         proc.send_signal(signal.SIGINT)
         start = time.monotonic()
         code = proc.wait(60)

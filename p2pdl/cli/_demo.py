@@ -24,7 +24,10 @@ alone decides when they stop:
 The swarm's run is a **certificate run**: the demo makes a run authority on
 the fly (in a temporary directory, deleted at the end), creates each member's
 identity file, and signs a certificate for each member's peer id (the relay
-as a monitor, the trainers, the auxiliary peer).  It also starts one
+and the monitor as monitors, the trainers, the auxiliary peer).  The
+monitor (``p2pdl monitor``) credits each member with the samples its signed
+reports claim at every epoch the run completes (``credits.sqlite``,
+``credits.json``), and serves Prometheus metrics (its URL is printed).  It also starts one
 **uninvited** peer: a real ``p2pdl train --auxiliary`` of the same run id
 with no certificate.  The summary says how many members refused it, from the
 members' own final statistics (their admission gate's refused requests; the
@@ -39,9 +42,10 @@ The swarm has three trainers on the machine's cores (two on this project's
 machine kind: three processes share them), the baseline one process on one
 core; ``cpu_count`` is in the report.
 
-At the end: a summary table, ``report.json`` (settings, each peer's final
-statistics, epochs, samples/s, first and last training loss, held-out loss
-at the start and the end, the paths), ``loss.png`` (training loss of each
+At the end: a summary table (with the monitor's credits), ``report.json``
+(settings, each peer's final statistics, epochs, samples/s, first and last
+training loss, held-out loss at the start and the end, the contributions,
+the paths), ``loss.png`` (training loss of each
 swarm trainer and of the baseline, held-out loss of both, against time), and
 per child ``logs/<name>.log`` (its stderr) and ``logs/<name>.jsonl`` (its
 events).  Ctrl-C or SIGTERM stops every child (SIGTERM, then SIGKILL after
@@ -94,6 +98,9 @@ TARGET_BATCH_SIZE = 512
 #: Matchmaking time by default (s): every peer is local, so a short gather
 #: pause (0.3 s) and join window (1 s) suffice, and cost less per round.
 MATCHMAKING_TIME = 3.0
+#: The monitor's credit database and its export, in --out.
+CREDITS_DB = "credits.sqlite"
+CREDITS = "credits.json"
 #: The child name of the malicious trainer of --attacker.
 ATTACKER = "attacker"
 #: Trainer-0 and the baseline measure the held-out loss every this many epochs.
@@ -186,7 +193,7 @@ class _Demo:
         authority = Authority.generate()
         authority.save(self.keys / "authority")
         self.authority_id = authority.id
-        roles = {"relay": Role.MONITOR, "auxiliary": Role.AUXILIARY,
+        roles = {"relay": Role.MONITOR, "monitor": Role.MONITOR, "auxiliary": Role.AUXILIARY,
                  **{f"trainer-{i}": Role.TRAINER for i in range(TRAINERS)}}
         if self.args.attacker is not None:
             roles[ATTACKER] = Role.TRAINER
@@ -231,15 +238,27 @@ class _Demo:
         await trio.to_thread.run_sync(self.make_members)
         self.console.print(f"certificate run: authority {self.authority_id} signed "
                            f"{len(self.member_ids)} members' certificates")
+        lifetime = repr(self.duration + START_TIMEOUT + WAIT_FOR_PEERS_TIMEOUT
+                        + 2 * FINISH_SLACK)
         relay = await children.start("relay", "bootstrap + relay", [
             "node", "--relay", "--listen", "/ip4/127.0.0.1/tcp/0", "--status-interval", "10",
-            "--duration", repr(self.duration + START_TIMEOUT + WAIT_FOR_PEERS_TIMEOUT
-                               + 2 * FINISH_SLACK),
-            "--run-id", self.run_id, *self.member_args("relay")])
+            "--duration", lifetime, "--run-id", self.run_id, *self.member_args("relay")])
         phase.others.append(relay)
         await wait_for(relay.have_addr, relay, START_TIMEOUT, "print its address")
         bootstrap = relay.addrs[0]
         self.console.print(f"relay and bootstrap node: {bootstrap}")
+        # The monitor credits each member from its signed reports (p2pdl monitor).
+        monitor = await children.start("monitor", "monitor", [
+            "monitor", "--listen", "/ip4/127.0.0.1/tcp/0", "--run-id", self.run_id,
+            "--initial-peers", bootstrap, "--db", str(self.out / CREDITS_DB),
+            "--export", str(self.out / CREDITS), "--target-batch-size",
+            str(a.target_batch_size), "--status-interval", "10", "--metrics", "127.0.0.1:0",
+            "--duration", lifetime, *self.member_args("monitor")])
+        phase.others.append(monitor)
+        await wait_for(monitor.have_metrics, monitor, START_TIMEOUT, "serve its metrics")
+        self.console.print(f"monitor: credits the members from their signed reports "
+                           f"({self.out / CREDITS_DB}); Prometheus metrics at "
+                           f"{monitor.metrics_url}")
         peers = TRAINERS + 1 + (a.attacker is not None)
         common = ["--run-id", self.run_id, "--initial-peers", bootstrap,
                   "--wait-for-peers", str(peers), "--wait-timeout", repr(WAIT_FOR_PEERS_TIMEOUT)]

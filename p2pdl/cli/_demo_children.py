@@ -62,6 +62,9 @@ class Child:
     evals: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     exited: trio.Event = dataclasses.field(default_factory=trio.Event)
     have_addr: trio.Event = dataclasses.field(default_factory=trio.Event)
+    #: where it serves Prometheus metrics (``--metrics``), once it said so
+    metrics_url: str | None = None
+    have_metrics: trio.Event = dataclasses.field(default_factory=trio.Event)
     have_ready: trio.Event = dataclasses.field(default_factory=trio.Event)
     have_started: trio.Event = dataclasses.field(default_factory=trio.Event)
 
@@ -77,6 +80,10 @@ class Child:
         if line.startswith("/"):  # `p2pdl node` prints its addresses first
             self.addrs.append(line)
             self.have_addr.set()
+            return
+        if line.startswith("metrics: "):   # --metrics: where it serves them
+            self.metrics_url = line.split(" ", 1)[1].strip()
+            self.have_metrics.set()
             return
         if not line.startswith("{"):
             return

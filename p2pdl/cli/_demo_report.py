@@ -37,6 +37,7 @@ def build_report(*, settings: dict[str, Any], interrupted: bool, error: str | No
         "membership": _membership_report(swarm, member_ids or {}),
         "attack": _attack_report(swarm, member_ids or {}, swarm_report, solo_report),
         "comparison": _comparison(swarm_report, solo_report),
+        "contributions": _contributions(out / "credits.json", member_ids or {}),
         "processes": [{"name": c.name, "role": c.role, "pid": c.pid,
                        "returncode": c.returncode, "command": c.command}
                       for c in children],
@@ -45,6 +46,32 @@ def build_report(*, settings: dict[str, Any], interrupted: bool, error: str | No
                   "logs": {c.name: str(c.log_path) for c in children},
                   "events": {c.name: str(c.events_path) for c in children}},
     }
+
+
+def _contributions(path: Path, member_ids: dict[str, str]) -> dict[str, Any] | None:
+    """The monitor's credits (its ``--export``): each peer's samples credited
+    from its own signed reports, by member name (None: no export)."""
+    try:
+        credits = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    names = {peer: name for name, peer in member_ids.items()}
+    return {"source": str(path), "run_id": credits.get("run_id"),
+            "peers": [{"name": names.get(s["peer_id"]), **s}
+                      for s in credits.get("leaderboard", [])]}
+
+
+def contribution_lines(report: dict[str, Any]) -> list[str]:
+    """One line: the samples the monitor credited to each member."""
+    contributions = report.get("contributions")
+    if not contributions:
+        return []
+    peers = contributions["peers"]
+    if not peers:
+        return ["contributions (the monitor's credits from signed reports): none counted"]
+    listed = ", ".join(f"{p['name'] or p['peer_id'][:8]} {p['samples']} samples in "
+                       f"{p['epochs']} epochs" for p in peers)
+    return [f"contributions (the monitor's credits from signed reports): {listed}"]
 
 
 def _phase_report(phase: Phase) -> dict[str, Any]:
@@ -344,7 +371,7 @@ def summary(report: dict[str, Any]) -> Any:
         table.add_row("mean round time (s)", f"{swarm['mean_round_seconds']:.2f}", "-")
     if swarm.get("round_time_share") is not None:
         table.add_row("share of time in rounds", f"{swarm['round_time_share']:.0%}", "-")
-    lines = refusal_lines(report) + attack_lines(report)
+    lines = refusal_lines(report) + attack_lines(report) + contribution_lines(report)
     if not lines:
         return table
     from rich.console import Group
