@@ -112,7 +112,44 @@ def _bounded(call: Callable[[], Awaitable[T]], timeout: float | None,
     return run
 
 
-class SyncFace:
+class _DerivedFace:
+    """What :class:`SyncFace` and :class:`AsyncioFace` share: the service's
+    public members, each shown by kind (a coroutine method, another method,
+    a property or attribute)."""
+
+    def __init__(self, portal: Portal, service: object) -> None:
+        self._portal = portal
+        self._service = service
+
+    def __getattr__(self, name: str) -> Any:
+        member = _public(self._service, name)
+        if inspect.iscoroutinefunction(member):
+            call = self._coroutine(name, f"{type(self._service).__name__}.{name}")
+        elif callable(member) and not isinstance(member, (property, type)):
+            call = self._method(name)
+        else:   # a property or an attribute: read on the trio thread
+            return self._value(name)
+        call.__name__ = name
+        call.__doc__ = getattr(member, "__doc__", None)
+        return call
+
+    def _coroutine(self, name: str, what: str) -> Callable[..., Any]:
+        raise NotImplementedError
+
+    def _method(self, name: str) -> Callable[..., Any]:
+        raise NotImplementedError
+
+    def _value(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def __dir__(self) -> list[str]:
+        return _face_names(self._service)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} of {type(self._service).__name__}>"
+
+
+class SyncFace(_DerivedFace):
     """The face of a service that declares none, for sync code: every public
     method of the service's class, run on the node's trio thread.
 
@@ -125,75 +162,59 @@ class SyncFace:
     shown.
     """
 
-    def __init__(self, portal: Portal, service: object) -> None:
-        self._portal = portal
-        self._service = service
-
-    def __getattr__(self, name: str) -> Any:
-        member = _public(self._service, name)
+    def _coroutine(self, name: str, what: str) -> Callable[..., Any]:
         service, portal = self._service, self._portal
-        what = f"{type(service).__name__}.{name}"
-        if inspect.iscoroutinefunction(member):
-            def call(*args: Any, timeout: float | None = DEFAULT_FACE_TIMEOUT,
-                     **kwargs: Any) -> Any:
-                bound = getattr(service, name)
-                return portal.run(_bounded(lambda: bound(*args, **kwargs), timeout, what),
-                                  None if timeout is None else timeout + DHT_SLACK)
-        elif callable(member) and not isinstance(member, (property, type)):
-            def call(*args: Any, **kwargs: Any) -> Any:
-                return portal.run_sync(lambda: getattr(service, name)(*args, **kwargs))
-        else:   # a property or an attribute: read it on the trio thread
-            return portal.run_sync(getattr, service, name)
-        call.__name__ = name
-        call.__doc__ = getattr(member, "__doc__", None)
+
+        def call(*args: Any, timeout: float | None = DEFAULT_FACE_TIMEOUT,
+                 **kwargs: Any) -> Any:
+            bound = getattr(service, name)
+            return portal.run(_bounded(lambda: bound(*args, **kwargs), timeout, what),
+                              None if timeout is None else timeout + DHT_SLACK)
         return call
 
-    def __dir__(self) -> list[str]:
-        return _face_names(self._service)
+    def _method(self, name: str) -> Callable[..., Any]:
+        service, portal = self._service, self._portal
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} of {type(self._service).__name__}>"
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return portal.run_sync(lambda: getattr(service, name)(*args, **kwargs))
+        return call
+
+    def _value(self, name: str) -> Any:
+        return self._portal.run_sync(getattr, self._service, name)
 
 
-class AsyncioFace:
+class AsyncioFace(_DerivedFace):
     """:class:`SyncFace` for asyncio: every call is awaited (the asyncio loop
     keeps running; cancelling the awaiting task cancels the call on the trio
-    thread).  A coroutine method takes the same ``timeout`` keyword."""
+    thread), a property or attribute too.  A coroutine method takes the same
+    ``timeout`` keyword."""
 
-    def __init__(self, portal: Portal, service: object) -> None:
-        self._portal = portal
-        self._service = service
-
-    def __getattr__(self, name: str) -> Any:
-        member = _public(self._service, name)
+    def _coroutine(self, name: str, what: str) -> Callable[..., Any]:
         service, portal = self._service, self._portal
-        what = f"{type(service).__name__}.{name}"
-        if inspect.iscoroutinefunction(member):
-            async def call(*args: Any, timeout: float | None = DEFAULT_FACE_TIMEOUT,
-                           **kwargs: Any) -> Any:
-                bound = getattr(service, name)
-                return await portal.aio(_bounded(lambda: bound(*args, **kwargs), timeout,
-                                                 what))
-        elif callable(member) and not isinstance(member, (property, type)):
-            async def call(*args: Any, **kwargs: Any) -> Any:
-                async def hop() -> Any:
-                    return getattr(service, name)(*args, **kwargs)
-                return await portal.aio(hop)
-        else:
-            async def read() -> Any:
-                async def hop() -> Any:
-                    return getattr(service, name)
-                return await portal.aio(hop)
-            return read()
-        call.__name__ = name
-        call.__doc__ = getattr(member, "__doc__", None)
+
+        async def call(*args: Any, timeout: float | None = DEFAULT_FACE_TIMEOUT,
+                       **kwargs: Any) -> Any:
+            bound = getattr(service, name)
+            return await portal.aio(_bounded(lambda: bound(*args, **kwargs), timeout, what))
         return call
 
-    def __dir__(self) -> list[str]:
-        return _face_names(self._service)
+    def _method(self, name: str) -> Callable[..., Any]:
+        service, portal = self._service, self._portal
 
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__} of {type(self._service).__name__}>"
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            async def hop() -> Any:
+                return getattr(service, name)(*args, **kwargs)
+            return await portal.aio(hop)
+        return call
+
+    def _value(self, name: str) -> Any:
+        service, portal = self._service, self._portal
+
+        async def read() -> Any:
+            async def hop() -> Any:
+                return getattr(service, name)
+            return await portal.aio(hop)
+        return read()
 
 
 # -- membership ----------------------------------------------------------------------

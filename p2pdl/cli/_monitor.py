@@ -31,7 +31,6 @@ import trio
 
 from .. import NodeConfig, open_node
 from .._concurrency import open_service_nursery
-from ..metrics import serve_metrics
 from ..monitor import CreditStore, Glance, follow_run
 from ._args import (
     UsageError,
@@ -43,6 +42,7 @@ from ._args import (
     positive_int,
     run_id_text,
 )
+from ._node import start_peer
 from ._runs import (
     RunPlan,
     add_membership,
@@ -132,22 +132,9 @@ async def _monitor(args: argparse.Namespace, plan: RunPlan, identity: str | None
         async with open_node(config, runs=plan.policies) as node, \
                 open_service_nursery() as nursery:
 
-            async def stop_on_signal() -> None:
-                async for signum in signals:
-                    logger.info("received %s, stopping", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    return
-
-            nursery.start_soon(stop_on_signal)
-            if args.duration is not None:
-                nursery.cancel_scope.deadline = trio.current_time() + args.duration
-            for addr in node.addrs:
-                print(addr, flush=True)
+            await start_peer(node, nursery, signals, args)
             for line in plan.lines:
                 print(line, flush=True)
-            if args.metrics:
-                host, port = await nursery.start(serve_metrics, node, args.metrics)
-                print(f"metrics: http://{host}:{port}/metrics", flush=True)
             await nursery.start(functools.partial(
                 follow_run, node, args.run_id, store, target_batch_size=args.target_batch_size,
                 on_glance=lambda glance: latest.__setitem__(slice(None), [glance])))

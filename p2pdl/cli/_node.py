@@ -18,6 +18,7 @@ import argparse
 import logging
 import signal
 import time
+from collections.abc import AsyncIterator
 
 import trio
 
@@ -35,7 +36,7 @@ from ._args import (
 )
 from ._runs import RunPlan, add_membership, closed, identity_path, peer_id_of_identity, plan_runs
 
-__all__ = ["STATUS_INTERVAL", "add_parser", "run", "serve_node", "status_line"]
+__all__ = ["STATUS_INTERVAL", "add_parser", "run", "serve_node", "start_peer", "status_line"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,21 +109,7 @@ async def serve_node(args: argparse.Namespace, plan: RunPlan | None = None,
     # supervisor that saw the addresses can always stop the node cleanly.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_node(config, runs=runs) as node, open_service_nursery() as nursery:
-
-            async def stop_on_signal() -> None:
-                async for signum in signals:
-                    logger.info("received %s, stopping", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    return
-
-            nursery.start_soon(stop_on_signal)
-            if args.duration is not None:
-                nursery.cancel_scope.deadline = trio.current_time() + args.duration
-            for addr in node.addrs:
-                print(addr, flush=True)
-            if getattr(args, "metrics", None):
-                host, port = await nursery.start(serve_metrics, node, args.metrics)
-                print(f"metrics: http://{host}:{port}/metrics", flush=True)
+            await start_peer(node, nursery, signals, args)
             if plan is not None:
                 for line in plan.lines:
                     logger.info("%s", line)
@@ -134,6 +121,28 @@ async def serve_node(args: argparse.Namespace, plan: RunPlan | None = None,
             while True:
                 print(status_line(node, time.monotonic() - start), flush=True)
                 await trio.sleep(args.status_interval)
+
+
+async def start_peer(node: TrioNode, nursery: trio.Nursery,
+                     signals: AsyncIterator[int], args: argparse.Namespace) -> None:
+    """What every long-lived peer command does once its node is open: stop
+    ``nursery`` on the first of ``signals`` or after ``--duration``, print the
+    node's addresses, and with ``--metrics`` serve them and print
+    ``metrics: <url>``."""
+    async def stop_on_signal() -> None:
+        async for signum in signals:
+            logger.info("received %s, stopping", signal.Signals(signum).name)
+            nursery.cancel_scope.cancel()
+            return
+
+    nursery.start_soon(stop_on_signal)
+    if args.duration is not None:
+        nursery.cancel_scope.deadline = trio.current_time() + args.duration
+    for addr in node.addrs:
+        print(addr, flush=True)
+    if getattr(args, "metrics", None):
+        host, port = await nursery.start(serve_metrics, node, args.metrics)
+        print(f"metrics: http://{host}:{port}/metrics", flush=True)
 
 
 def status_line(node: TrioNode, uptime: float) -> str:
