@@ -112,7 +112,7 @@ def _add(out: dict[str, Metric], name: str, kind: type, path: tuple[str, ...],
     if family is None:
         family = out[name] = kind(name, f"p2pdl statistics: {'.'.join(path)}",
                                   labels=sorted(labels))
-    if list(family._labelnames) != sorted(labels):   # noqa: SLF001 (prometheus' own field)
+    if family.samples and sorted(family.samples[0].labels) != sorted(labels):
         return   # a record whose labels differ from its family's: left out
     family.add_metric([labels[k] for k in sorted(labels)], value)
 
