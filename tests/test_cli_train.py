@@ -149,6 +149,7 @@ def test_help_lists_train_and_demo():
     (["--aggregator", "krum"], "invalid choice"),
     (["--tau", "0"], "--tau: must be a positive number"),
     (["--tau", "automatic"], "--tau: must be a positive number or 'auto'"),
+    (["--name", "bell\x07"], "--name: name is not 1 to 64 printable characters"),
 ])
 def test_bad_flags_are_usage_errors(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -173,7 +174,8 @@ def test_bad_input_is_a_one_line_error(args, message):
 @pytest.mark.timeout(150)
 def test_two_trainers_reach_epoch_two_together_and_a_monitor_credits_them(tmp_path):
     common = ["--json-lines", "--target-batch-size", "64", "--max-epochs", "2",
-              "--wait-for-peers", "2", "--matchmaking-time", "5", "--run-id", "two-peers"]
+              "--wait-for-peers", "2", "--matchmaking-time", "5", "--run-id", "two-peers",
+              "--name", "volunteer"]
     def check_ready(ready: dict[str, Any]) -> None:
         assert ready["role"] == "trainer" and ready["peer_index"] == 0
         assert all(a.startswith("/ip4/127.0.0.1/tcp/") for a in ready["addrs"])
@@ -206,6 +208,8 @@ def test_two_trainers_reach_epoch_two_together_and_a_monitor_credits_them(tmp_pa
     # reports may reach the monitor only after it counted.)
     credited = {s["peer_id"] for s in credits["leaderboard"]}
     assert credited and credited <= trainers, (out, credits)
+    assert all(s["name"] == "volunteer" for s in credits["leaderboard"]), credits
+    assert "(volunteer)" in out, out
     assert all(0 < c["samples"] <= 64 and c["epoch"] in (0, 1) for c in credits["credits"])
     for proc in (first, second):
         assert "Traceback" not in proc.stderr, proc.stderr

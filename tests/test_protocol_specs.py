@@ -276,12 +276,16 @@ def test_progress_messages_and_signatures_match_the_code():
         assert f"| `{message.TAG}` |" in messages, message.TAG
         for field in dataclasses.fields(message):
             assert f"| `{field.name}` |" in messages, (message.TAG, field.name)
-    for nested in (progress_messages.Report, progress_messages.DigestEntry,
-                   progress_messages.SnapshotEntry):
+    for nested in (progress_messages.Report, progress_messages.ReportInfo,
+                   progress_messages.DigestEntry, progress_messages.SnapshotEntry):
         assert f"`{nested.TAG}`" in messages, nested.TAG
         for field in dataclasses.fields(nested):
             assert f"| `{field.name}` |" in messages, (nested.TAG, field.name)
     assert f'SIGNATURE_DOMAIN = "{progress_messages.SIGNATURE_DOMAIN}"' in text
+    assert f'SIGNATURE_DOMAIN_INFO = "{progress_messages.SIGNATURE_DOMAIN_INFO}"' in text
+    assert f"`{progress_messages.PATH_KINDS[0]}`" in messages
+    for kind in progress_messages.PATH_KINDS:
+        assert f"`{kind}`" in messages, kind
     example = progress_messages.signing_payload("demo", b"\x00\x24", 3, 640, 12.5,
                                                 1700000000.25, False, False)
     assert example.hex() in text

@@ -134,6 +134,16 @@ def run_id_text(text: str) -> str:
     return text
 
 
+def display_name(text: str) -> str:
+    """A display name for progress reports (1 to 64 printable characters)."""
+    from ..progress import check_info
+
+    problem = check_info(text, None, None)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem.removeprefix("its "))
+    return text
+
+
 def option_pair(text: str) -> tuple[str, str]:
     """``KEY=VALUE`` with KEY a Python identifier (a keyword argument)."""
     key, sep, value = text.partition("=")

@@ -263,7 +263,8 @@ class _Demo:
         common = ["--run-id", self.run_id, "--initial-peers", bootstrap,
                   "--wait-for-peers", str(peers), "--wait-timeout", repr(WAIT_FOR_PEERS_TIMEOUT)]
         for i in range(TRAINERS):
-            extra = ["--peer-index", str(i), *common, *self.member_args(f"trainer-{i}")]
+            extra = ["--peer-index", str(i), "--name", f"trainer-{i}", *common,
+                     *self.member_args(f"trainer-{i}")]
             if i == 0:
                 extra += ["--eval-every", str(a.eval_every)]
             if i == TRAINERS - 1:

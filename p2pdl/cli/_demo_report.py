@@ -50,14 +50,15 @@ def build_report(*, settings: dict[str, Any], interrupted: bool, error: str | No
 
 def _contributions(path: Path, member_ids: dict[str, str]) -> dict[str, Any] | None:
     """The monitor's credits (its ``--export``): each peer's samples credited
-    from its own signed reports, by member name (None: no export)."""
+    from its own signed reports, by member name (the display name its
+    reports gave where the peer is no member the demo made; None: no export)."""
     try:
         credits = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     names = {peer: name for name, peer in member_ids.items()}
     return {"source": str(path), "run_id": credits.get("run_id"),
-            "peers": [{"name": names.get(s["peer_id"]), **s}
+            "peers": [{**s, "name": names.get(s["peer_id"], s.get("name"))}
                       for s in credits.get("leaderboard", [])]}
 
 

@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"leaderboard of {args.run_id} ({len(board)} peer(s), "
               f"{sum(s.samples for s in board)} samples credited):", flush=True)
         for rank, standing in enumerate(board, 1):
-            print(f"{rank:4d}. {standing.peer_id}  {standing.samples} samples in "
+            named = f" ({standing.name})" if standing.name else ""
+            print(f"{rank:4d}. {standing.peer_id}{named}  {standing.samples} samples in "
                   f"{standing.epochs} epoch(s) ({standing.first_epoch}..{standing.last_epoch})",
                   flush=True)
         if args.export is not None:
@@ -155,7 +156,7 @@ def status_line(glance: Glance, store: CreditStore, run_id: str, top: int,
     eta = view.eta_next_epoch - view.time
     eta_text = f"{eta:.0f} s" if math.isfinite(eta) and eta >= 0 else "-"
     board = store.leaderboard(run_id, limit=top)
-    leaders = ", ".join(f"{s.peer_id[-8:]} {s.samples}" for s in board) or "none yet"
+    leaders = ", ".join(f"{s.name or s.peer_id[-8:]} {s.samples}" for s in board) or "none yet"
     return (f"monitor: run {run_id} | epoch {view.epoch} (quorum {view.quorum_epoch}) | "
             f"{trainers} trainer(s), {auxiliary} auxiliary | "
             f"{view.samples_per_second:.1f} samples/s | next epoch in {eta_text} | "

@@ -57,6 +57,7 @@ from ._args import (
     add_initial_peers,
     add_listen,
     add_metrics,
+    display_name,
     non_negative_float,
     non_negative_int,
     option_pair,
@@ -183,6 +184,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--attack", choices=ATTACK_KINDS, default=None, metavar="KIND",
                    help="misbehave on purpose, to see the others catch it (p2pdl demo "
                         "--attacker): " + ", ".join(ATTACK_KINDS) + " (docs/security.md)")
+    p.add_argument("--name", type=display_name, default=None, metavar="NAME",
+                   help="a display name this peer's progress reports carry, for people "
+                        "watching the run (p2pdl monitor); nothing counts it (default: none)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="write checkpoints here and resume from the newest (default: none)")
     p.add_argument("--checkpoint-every", type=positive_int, default=10, metavar="EPOCHS",
@@ -404,6 +408,8 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
             options["bandwidth"] = args.bandwidth * 1e6 / 8
         if args.checkpoint_dir is not None:
             options["checkpoint_dir"] = args.checkpoint_dir
+        if args.name is not None:
+            options["display_name"] = args.name
         options["allreduce"] = dataclasses.replace(
             config.allreduce, aggregator=Aggregator(args.aggregator, tau=args.tau)
             if args.aggregator == "centered_clip" else Aggregator(args.aggregator))
@@ -570,6 +576,8 @@ def _load_task(args: argparse.Namespace) -> Any:
 
 def _train_loop(task: Any, model: Any, opt: Any, args: argparse.Namespace, peer_index: int,
                 progress: _Progress, out: _Output) -> str:
+    from .. import Optimizer
+
     task.start(peer_index)
     while True:
         if _deadline_passed(args, progress):
@@ -578,9 +586,10 @@ def _train_loop(task: Any, model: Any, opt: Any, args: argparse.Namespace, peer_
             return "max-epochs"
         loss = task.loss(model, task.next_batch())
         task.backward(loss)
-        stepped = opt.step()
-        opt.zero_grad()
         progress.add_loss(float(loss.detach()))
+        # The optimizer's reports carry the moving average (an attack wrapper's do not).
+        stepped = opt.step(loss=progress.loss) if isinstance(opt, Optimizer) else opt.step()
+        opt.zero_grad()
         progress.samples += task.batch_size
         _report(opt, args, progress, out, stepped)
         if args.eval_every is not None and opt.local_epoch != progress.last_epoch \

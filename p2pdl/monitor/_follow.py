@@ -53,6 +53,7 @@ async def follow_run(node: TrioNode, run_id: str, store: CreditStore, *,
         raise ValueError("interval must be positive")
     ledger = Ledger(run_id, target_batch_size)
     me = node.peer_id.to_bytes()
+    named: dict[str, str] = store.names(run_id)   # what the store holds
     async with node.progress.track(run_id, target_batch_size, auxiliary=True) as tracker:
         task_status.started()
         while True:
@@ -64,6 +65,11 @@ async def follow_run(node: TrioNode, run_id: str, store: CreditStore, *,
                                        r.auxiliary) for r in peers),
                                      progress.quorum_epoch, node.dht.now())
             added = store.add(credits)
+            names = {peer: r.name for r in peers
+                     if r.name is not None and named.get(peer := _name(r.peer_id)) != r.name}
+            if names:
+                store.set_names(run_id, names, node.dht.now())
+                named.update(names)
             if added:
                 logger.info("run %s: %d credit(s) at epoch %d", run_id, added,
                             progress.quorum_epoch)

@@ -5,7 +5,7 @@ Schema (version SCHEMA_VERSION), one database per monitor, any number of runs:
 .. code-block:: sql
 
     CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-        -- ('schema', '1')
+        -- ('schema', '2')
     CREATE TABLE credits (
         run_id TEXT NOT NULL,        -- the run
         peer_id TEXT NOT NULL,       -- the credited peer (base58)
@@ -13,7 +13,14 @@ Schema (version SCHEMA_VERSION), one database per monitor, any number of runs:
         samples INTEGER NOT NULL,    -- the credit (Ledger's rules)
         credited_at REAL NOT NULL,   -- when (wall clock, s), first credited
         PRIMARY KEY (run_id, peer_id, epoch));
+    CREATE TABLE names (
+        run_id TEXT NOT NULL,
+        peer_id TEXT NOT NULL,       -- a peer (base58)
+        name TEXT NOT NULL,          -- the display name its newest signed report gave
+        seen_at REAL NOT NULL,       -- when the monitor saw it (wall clock, s)
+        PRIMARY KEY (run_id, peer_id));
 
+A database of schema 1 (no ``names``) is upgraded in place when opened.
 A credit for a (run, peer, epoch) already held keeps the larger count and
 its first time: writing the same credits twice changes nothing.  Writes are
 one transaction per batch; the database is in WAL mode, so a reader (an
@@ -28,7 +35,7 @@ import dataclasses
 import io
 import json
 import sqlite3
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -37,7 +44,7 @@ from ._ledger import Credit
 __all__ = ["CreditStore", "Standing", "SCHEMA_VERSION"]
 
 #: The version of the schema above; a database of another version is refused.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -48,6 +55,12 @@ CREATE TABLE IF NOT EXISTS credits (
     samples INTEGER NOT NULL,
     credited_at REAL NOT NULL,
     PRIMARY KEY (run_id, peer_id, epoch));
+CREATE TABLE IF NOT EXISTS names (
+    run_id TEXT NOT NULL,
+    peer_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    seen_at REAL NOT NULL,
+    PRIMARY KEY (run_id, peer_id));
 """
 
 
@@ -60,6 +73,8 @@ class Standing:
     epochs: int
     first_epoch: int
     last_epoch: int
+    #: the display name the peer's newest signed report gave (None: none)
+    name: str | None = None
 
 
 class CreditStore:
@@ -77,6 +92,9 @@ class CreditStore:
             row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if row is None:
                 self._db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif row[0] == "1":   # schema 1 lacked the names table, created above
+                self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema'",
+                                 (str(SCHEMA_VERSION),))
             elif row[0] != str(SCHEMA_VERSION):
                 raise ConfigError(f"{self.path}: a credit database of schema {row[0]}, "
                                   f"not {SCHEMA_VERSION}")
@@ -107,10 +125,33 @@ class CreditStore:
                 "WHERE excluded.samples > credits.samples", rows)
         return self._db.total_changes - before
 
+    def set_names(self, run_id: str, names: Mapping[str, str], now: float) -> int:
+        """Keep each peer's display name (peer id -> name, from its signed
+        reports); how many changed."""
+        rows = [(run_id, peer, name, float(now)) for peer, name in names.items()]
+        if not rows:
+            return 0
+        before = self._db.total_changes
+        with self._transaction():
+            self._db.executemany(
+                "INSERT INTO names VALUES (?, ?, ?, ?) ON CONFLICT (run_id, peer_id) "
+                "DO UPDATE SET name = excluded.name, seen_at = excluded.seen_at "
+                "WHERE excluded.name != names.name", rows)
+        return self._db.total_changes - before
+
+    def names(self, run_id: str) -> dict[str, str]:
+        """Peer id -> display name, for the run's peers that gave one."""
+        return dict(self._db.execute("SELECT peer_id, name FROM names WHERE run_id = ?",
+                                     (run_id,)).fetchall())
+
     def leaderboard(self, run_id: str, limit: int | None = None) -> list[Standing]:
-        """The run's peers by samples credited, most first (ties: by peer id)."""
-        query = ("SELECT peer_id, SUM(samples), COUNT(*), MIN(epoch), MAX(epoch) FROM credits "
-                 "WHERE run_id = ? GROUP BY peer_id ORDER BY SUM(samples) DESC, peer_id")
+        """The run's peers by samples credited, most first (ties: by peer id),
+        with their display names."""
+        query = ("SELECT c.peer_id, SUM(c.samples), COUNT(*), MIN(c.epoch), MAX(c.epoch), n.name "
+                 "FROM credits c LEFT JOIN names n "
+                 "ON n.run_id = c.run_id AND n.peer_id = c.peer_id "
+                 "WHERE c.run_id = ? GROUP BY c.peer_id "
+                 "ORDER BY SUM(c.samples) DESC, c.peer_id")
         args: tuple[object, ...] = (run_id,)
         if limit is not None:
             query += " LIMIT ?"
@@ -128,12 +169,15 @@ class CreditStore:
             "SELECT DISTINCT run_id FROM credits ORDER BY run_id")]
 
     def export_csv(self, run_id: str) -> str:
-        """The run's credits as CSV: ``run_id,peer_id,epoch,samples,credited_at``."""
+        """The run's credits as CSV: ``run_id,peer_id,name,epoch,samples,credited_at``
+        (``name``: the peer's display name, empty for none)."""
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(["run_id", "peer_id", "epoch", "samples", "credited_at"])
+        writer.writerow(["run_id", "peer_id", "name", "epoch", "samples", "credited_at"])
+        names = self.names(run_id)
         for c in self.credits(run_id):
-            writer.writerow([c.run_id, c.peer_id, c.epoch, c.samples, f"{c.time:.3f}"])
+            writer.writerow([c.run_id, c.peer_id, names.get(c.peer_id, ""), c.epoch, c.samples,
+                             f"{c.time:.3f}"])
         return out.getvalue()
 
     def export_json(self, run_id: str) -> str:

@@ -1,7 +1,8 @@
 """Progress layer: when has the collaboration processed the global batch?
 
 Each peer publishes a signed report (epoch, samples accumulated, samples per
-second, time, client mode) to the other members of its run by gossip, and
+second, time, client mode; optionally a display name, its recent loss and
+how it is reached, for people watching) to the other members of its run by gossip, and
 keeps a snapshot of it in the DHT for late joiners and as the fallback when
 gossip is partitioned.  From all reports each peer estimates the global
 progress by DeDLOC's rules and knows when it is ready to step
@@ -23,9 +24,11 @@ signed reports support.  Reach it as ``node.progress``.  Modules:
 """
 
 from ._gossip import TrackerStatistics as TrackerStatistics
+from ._messages import PATH_KINDS as PATH_KINDS
 from ._messages import PROGRESS_PROTOCOL as PROGRESS_PROTOCOL
 from ._messages import PROGRESS_PROTOCOL_ID as PROGRESS_PROTOCOL_ID
 from ._messages import Report as Report
+from ._messages import ReportInfo as ReportInfo
 from ._messages import SnapshotEntry as SnapshotEntry
 from ._messages import sign_report as sign_report
 from ._messages import verify_report as verify_report
@@ -39,6 +42,7 @@ from ._state import ProgressView as ProgressView
 from ._state import PublishPolicy as PublishPolicy
 from ._state import RateEMA as RateEMA
 from ._state import Verdict as Verdict
+from ._state import check_info as check_info
 from ._state import check_role_caps as check_role_caps
 from ._state import quorum_epoch as quorum_epoch
 from .config import SNAPSHOT_PREFIX as SNAPSHOT_PREFIX

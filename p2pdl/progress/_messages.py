@@ -13,11 +13,17 @@ met that peer can learn its membership from a forwarded report or a DHT
 snapshot.  The credential is not part of the signed payload (it is its
 authority's signed statement about the peer, checked as such), and old
 receivers ignore the field.
+
+A report may also carry :class:`ReportInfo` (a display name, the recent
+training loss, how the peer is reached), for people watching the run.  Only
+a report that carries it signs it: its payload is then the first one with
+the info's fields appended, under its own domain (SIGNATURE_DOMAIN_INFO), so
+an info cannot be moved onto, or stripped from, another report.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgpack
 from libp2p.crypto.keys import PrivateKey
@@ -30,19 +36,36 @@ from .config import (
     MAX_ADDRS,
     MAX_CREDENTIAL_SIZE,
     MAX_DIGEST,
+    MAX_NAME_LENGTH,
     MAX_PEER_ID_SIZE,
     MAX_REPORTS,
     MAX_SIGNATURE_SIZE,
 )
 
-__all__ = ["PROGRESS_PROTOCOL_ID", "PROGRESS_PROTOCOL", "Report", "Push", "Reports",
-           "DigestEntry", "SnapshotEntry", "SIGNATURE_DOMAIN", "signing_payload", "sign_report",
-           "verify_report"]
+__all__ = ["PROGRESS_PROTOCOL_ID", "PROGRESS_PROTOCOL", "Report", "ReportInfo", "PATH_KINDS",
+           "Push", "Reports", "DigestEntry", "SnapshotEntry", "SIGNATURE_DOMAIN",
+           "SIGNATURE_DOMAIN_INFO", "signing_payload", "sign_report", "verify_report"]
 
 PROGRESS_PROTOCOL_ID = "/p2pdl/progress/1.0.0"
 SIGNATURE_DOMAIN = "p2pdl/progress/report/1"
+SIGNATURE_DOMAIN_INFO = "p2pdl/progress/report-info/1"
+#: How a peer is reached (:attr:`ReportInfo.path`).
+PATH_KINDS = ("direct", "hole-punched", "relayed")
 
 PeerBytes = Annotated[bytes, MaxLen(MAX_PEER_ID_SIZE)]
+
+
+class ReportInfo(Message, tag="progress.info"):
+    """What a peer says of itself for people watching the run (signed with
+    its report; every field optional): a display ``name`` (printable, at
+    most MAX_NAME_LENGTH characters), its recent training ``loss`` and its
+    ``path``: ``relayed`` when one of its connections runs through a relay,
+    else ``hole-punched`` when one was opened by hole punching, else
+    ``direct``.  Nothing in it counts for training: it is the peer's word."""
+
+    name: Annotated[str, MaxLen(MAX_NAME_LENGTH)] | None = None
+    loss: float | None = None
+    path: Literal["direct", "hole-punched", "relayed"] | None = None
 
 
 class Report(Message, tag="progress.report"):
@@ -58,6 +81,7 @@ class Report(Message, tag="progress.report"):
     auxiliary: bool
     signature: Annotated[bytes, MaxLen(MAX_SIGNATURE_SIZE)]
     credential: Annotated[bytes, MaxLen(MAX_CREDENTIAL_SIZE)] | None = None
+    info: ReportInfo | None = None
 
 
 class DigestEntry(Message, tag="progress.digest_entry"):
@@ -95,23 +119,31 @@ PROGRESS_PROTOCOL = RpcProtocol.define(PROGRESS_PROTOCOL_ID, [Push], [Reports])
 
 def signing_payload(run_id: str, peer_id: bytes, epoch: int, samples_accumulated: int,
                     samples_per_second: float, time: float, client_mode: bool,
-                    auxiliary: bool) -> bytes:
-    """The bytes a peer signs: the domain, then every field of the report but the signature."""
-    return msgpack.packb([SIGNATURE_DOMAIN, run_id, peer_id, epoch, samples_accumulated,
-                          float(samples_per_second), float(time), client_mode, auxiliary],
+                    auxiliary: bool, info: ReportInfo | None = None) -> bytes:
+    """The bytes a peer signs: the domain, then every field of the report but
+    the signature and the credential; with ``info``, under
+    SIGNATURE_DOMAIN_INFO with the info's name, loss and path appended."""
+    fields = [run_id, peer_id, epoch, samples_accumulated, float(samples_per_second),
+              float(time), client_mode, auxiliary]
+    if info is None:
+        return msgpack.packb([SIGNATURE_DOMAIN, *fields], use_bin_type=True)
+    loss = None if info.loss is None else float(info.loss)
+    return msgpack.packb([SIGNATURE_DOMAIN_INFO, *fields, info.name, loss, info.path],
                          use_bin_type=True)
 
 
 def sign_report(private_key: PrivateKey, peer_id: ID, run_id: str, epoch: int,
                 samples_accumulated: int, samples_per_second: float, time: float,
                 client_mode: bool, auxiliary: bool = False, *,
-                credential: bytes | None = None) -> Report:
-    """A report signed by ``private_key``, carrying ``credential`` (unsigned) if given."""
+                credential: bytes | None = None, info: ReportInfo | None = None) -> Report:
+    """A report signed by ``private_key``, carrying ``credential`` (unsigned)
+    and ``info`` (signed) if given."""
     raw = peer_id.to_bytes()
     payload = signing_payload(run_id, raw, epoch, samples_accumulated, samples_per_second,
-                              time, client_mode, auxiliary)
+                              time, client_mode, auxiliary, info)
     return Report(run_id, raw, epoch, samples_accumulated, float(samples_per_second),
-                  float(time), client_mode, auxiliary, private_key.sign(payload), credential)
+                  float(time), client_mode, auxiliary, private_key.sign(payload), credential,
+                  info)
 
 
 def verify_report(report: Report) -> ID | None:
@@ -123,7 +155,8 @@ def verify_report(report: Report) -> ID | None:
             return None
         payload = signing_payload(report.run_id, report.peer_id, report.epoch,
                                   report.samples_accumulated, report.samples_per_second,
-                                  report.time, report.client_mode, report.auxiliary)
+                                  report.time, report.client_mode, report.auxiliary,
+                                  report.info)
         return peer if public_key.verify(payload, report.signature) else None
     except Exception:  # untrusted bytes: any decoding failure means "not signed by it"
         return None

@@ -68,6 +68,8 @@ from ._state import (
     PublishPolicy,
     RateEMA,
     Verdict,
+    check_info,
+    info_of,
 )
 from .config import (
     MAX_ADDRS,
@@ -196,21 +198,25 @@ class ProgressService:
 
     @asynccontextmanager
     async def track(self, run_id: str, target_batch_size: int, *, auxiliary: bool = False,
-                    client_mode: bool | None = None,
-                    config: ProgressConfig | None = None) -> AsyncIterator[ProgressTracker]:
+                    client_mode: bool | None = None, config: ProgressConfig | None = None,
+                    name: str | None = None) -> AsyncIterator[ProgressTracker]:
         """Take part in run ``run_id``'s progress for the duration of the block.
 
         ``auxiliary`` peers reduce but process no samples: they publish
         reports with no samples (so that they count as members and get the
         gossip) and follow the epoch.  ``client_mode`` overrides the node's
         (None: the node's own, as reachability decides).  ``config``
-        overrides the node's :class:`ProgressConfig` for this run.  On exit
-        the tasks end and reports for the run are no longer accepted.
+        overrides the node's :class:`ProgressConfig` for this run.  ``name``:
+        a display name the reports carry (1 to MAX_NAME_LENGTH printable
+        characters), for people watching the run.  On exit the tasks end and
+        reports for the run are no longer accepted.
 
-        Raises :class:`ConfigError` for a bad run id or target, or when the
-        node already tracks ``max_runs`` runs or this one.
+        Raises :class:`ConfigError` for a bad run id, target or name, or when
+        the node already tracks ``max_runs`` runs or this one.
         """
         check_run_id(run_id)
+        if name is not None and check_info(name, None, None) is not None:
+            raise ConfigError(f"name: {check_info(name, None, None)}, got {name!r}")
         if isinstance(target_batch_size, bool) or not isinstance(target_batch_size, int) \
                 or target_batch_size < 1:
             raise ConfigError(f"target_batch_size must be a positive integer, "
@@ -223,7 +229,7 @@ class ProgressService:
                               f"(max_runs)")
         async with open_service_nursery() as nursery:
             tracker = ProgressTracker(self._deps, run_id, target_batch_size, auxiliary,
-                                      client_mode, config, nursery)
+                                      client_mode, config, nursery, name)
             self._trackers[run_id] = tracker
             try:
                 tracker.start()
@@ -246,7 +252,7 @@ class ProgressTracker:
 
     def __init__(self, deps: _Dependencies, run_id: str, target_batch_size: int,
                  auxiliary: bool, client_mode: bool | None, config: ProgressConfig,
-                 nursery: trio.Nursery) -> None:
+                 nursery: trio.Nursery, name: str | None = None) -> None:
         self._deps = deps
         self.run_id = run_id
         self.target_batch_size = target_batch_size
@@ -266,6 +272,8 @@ class ProgressTracker:
         self._epoch = 0
         self._samples = 0
         self._rate_override: float | None = None
+        self.name = name
+        self._loss: float | None = None
         self._own: Report | None = None
         self._own_by_epoch: dict[int, Report] = {}   # the two latest epochs' last own reports
         self._pending: dict[bytes, bool] = {}     # peer -> a push is due (with a reply wanted)
@@ -323,15 +331,23 @@ class ProgressTracker:
             return self._client_mode
         return self._deps.reachability.client_mode
 
+    @property
+    def loss(self) -> float | None:
+        """The training loss this peer's reports carry (:meth:`report`)."""
+        return self._loss
+
     def report(self, samples_accumulated: int, epoch: int | None = None, *,
-               samples_per_second: float | None = None) -> None:
+               samples_per_second: float | None = None, loss: float | None = None) -> None:
         """Say that this peer has ``samples_accumulated`` samples towards ``epoch``.
 
         ``epoch`` defaults to the current local epoch.  The rate is measured
         from successive calls (an EMA) unless ``samples_per_second`` is
-        given.  Publishing follows the publish policy; this never blocks.
+        given.  ``loss``: this peer's recent training loss, which its
+        reports carry from now on for people watching (nothing counts it).
+        Publishing follows the publish policy; this never blocks.
         Raises :class:`LocalProtocolError` for negative or non-integer values,
-        an epoch going back, or samples from an auxiliary peer.
+        an epoch going back, samples from an auxiliary peer, or a loss that
+        is not a finite number.
         """
         epoch = self._epoch if epoch is None else epoch
         for name, value in (("samples_accumulated", samples_accumulated), ("epoch", epoch)):
@@ -347,6 +363,11 @@ class ProgressTracker:
                 raise LocalProtocolError(f"samples_per_second must be in [0, "
                                          f"{self.config.max_samples_per_second:g}]")
             self._rate_override = float(samples_per_second)
+        if loss is not None:
+            if isinstance(loss, bool) or not isinstance(loss, (int, float)) \
+                    or not math.isfinite(loss):
+                raise LocalProtocolError(f"loss must be a finite number, got {loss!r}")
+            self._loss = float(loss)
         now = self._clock()
         if epoch == self._epoch and samples_accumulated >= self._samples:
             self._ema.update(samples_accumulated - self._samples, now)
@@ -371,7 +392,17 @@ class ProgressTracker:
     def _local_report(self, now: float) -> PeerReport:
         rate = self._rate_override if self._rate_override is not None else self._ema.rate
         return PeerReport(self._peer_id.to_bytes(), self._epoch, self._samples,
-                          0.0 if self.auxiliary else rate, now, self.client_mode, self.auxiliary)
+                          0.0 if self.auxiliary else rate, now, self.client_mode, self.auxiliary,
+                          self.name, self._loss, self._path())
+
+    def _path(self) -> str | None:
+        """How this peer is reached (``ReportInfo.path``): the least direct
+        path of its connections now, None with none."""
+        kinds = set(self._host.paths().values())
+        for kind in ("relayed", "hole-punched", "direct"):
+            if kind in kinds:
+                return kind
+        return None
 
     def _set_local(self, now: float) -> PeerReport:
         local = self._local_report(now)
@@ -555,7 +586,7 @@ class ProgressTracker:
         self._own = sign_report(self._key, self._peer_id, self.run_id, local.epoch,
                                 local.samples_accumulated, local.samples_per_second, now,
                                 local.client_mode, local.auxiliary,
-                                credential=self._credential())
+                                credential=self._credential(), info=info_of(local))
         self._own_by_epoch[local.epoch] = self._own
         for epoch in sorted(self._own_by_epoch)[:-2]:
             del self._own_by_epoch[epoch]

@@ -48,14 +48,14 @@ import math
 from typing import TYPE_CHECKING
 
 from ..service import MembershipView, Role
-from ._messages import Report, verify_report
-from .config import MAX_COUNT, ProgressConfig
+from ._messages import PATH_KINDS, Report, ReportInfo, verify_report
+from .config import MAX_COUNT, MAX_NAME_LENGTH, ProgressConfig
 
 if TYPE_CHECKING:
     from libp2p.peer.id import ID
 
 __all__ = ["GlobalProgress", "ProgressView", "PublishPolicy", "RateEMA", "PeerReport",
-           "Screened", "Verdict", "check_report_values", "check_role_caps",
+           "Screened", "Verdict", "check_info", "check_report_values", "check_role_caps", "info_of",
            "quorum_epoch", "screen_report", "to_peer_report"]
 
 
@@ -82,6 +82,12 @@ class PeerReport:
     time: float
     client_mode: bool = False
     auxiliary: bool = False
+    #: What the peer says of itself for people (its signed ``ReportInfo``;
+    #: None where it said nothing): a display name, its recent training
+    #: loss, how it is reached.  Nothing counts it.
+    name: str | None = None
+    loss: float | None = None
+    path: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,14 +130,38 @@ def check_report_values(report: PeerReport, now: float, config: ProgressConfig) 
         return f"samples_per_second {sps} outside [0, {config.max_samples_per_second:g}]"
     if not math.isfinite(report.time) or report.time > now + config.max_clock_skew:
         return f"time {report.time:.3f} is more than {config.max_clock_skew:g} s ahead"
+    return check_info(report.name, report.loss, report.path)
+
+
+def check_info(name: str | None, loss: float | None, path: str | None) -> str | None:
+    """Why a report's info is absurd (a name that is empty, too long or not
+    printable -- no control characters reach a terminal or a page --, a loss
+    that is not finite, an unknown path), or None."""
+    if name is not None and not (isinstance(name, str) and 0 < len(name) <= MAX_NAME_LENGTH
+                                 and name.isprintable() and name.strip()):
+        return f"its name is not 1 to {MAX_NAME_LENGTH} printable characters"
+    if loss is not None and not (isinstance(loss, float) and math.isfinite(loss)):
+        return "its loss is not a finite number"
+    if path is not None and path not in PATH_KINDS:
+        return f"its path {path!r} is none of {', '.join(PATH_KINDS)}"
     return None
 
 
 def to_peer_report(report: Report) -> PeerReport:
     """The fields of a signed report the view keeps."""
+    info = report.info
     return PeerReport(report.peer_id, report.epoch, report.samples_accumulated,
                       report.samples_per_second, report.time, report.client_mode,
-                      report.auxiliary)
+                      report.auxiliary, *((None, None, None) if info is None
+                                          else (info.name, info.loss, info.path)))
+
+
+def info_of(report: PeerReport) -> ReportInfo | None:
+    """The ``ReportInfo`` a report of ``report``'s content carries (None when
+    it says nothing of itself)."""
+    if report.name is None and report.loss is None and report.path is None:
+        return None
+    return ReportInfo(report.name, report.loss, report.path)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,8 @@ MAX_ADDR_LENGTH = 256          # characters of one address
 MAX_COUNT = 2**53
 #: Largest membership credential (certificate bytes) a report may carry.
 MAX_CREDENTIAL_SIZE = 2048
+#: Characters of a report's display name (``ReportInfo.name``).
+MAX_NAME_LENGTH = 64
 
 #: DHT key prefix of the snapshots: ``p2pdl/progress/<run id>``, one signed
 #: subkey per peer.

@@ -33,7 +33,7 @@ class TrainingTracker(Protocol):
     """A progress tracker of one run, as ``node.progress.track(...)`` returns it."""
 
     def report(self, samples_accumulated: int, epoch: int | None = None, *,
-               samples_per_second: float | None = None) -> None: ...
+               samples_per_second: float | None = None, loss: float | None = None) -> None: ...
 
     def update_epoch(self, epoch: int | None = None) -> int: ...
 
@@ -56,7 +56,7 @@ class TrainingProgress(Protocol):
     """``node.progress``: start tracking a run."""
 
     def track(self, run_id: str, target_batch_size: int, *,
-              auxiliary: bool = ...) -> TrainingTracker: ...
+              auxiliary: bool = ..., name: str | None = ...) -> TrainingTracker: ...
 
 
 class TrainingAllReduce(Protocol):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -160,6 +161,7 @@ class Optimizer(torch.optim.Optimizer):
         self._samples = 0
         self._local_steps = 0
         self._stale_batches = 0   # batches dropped: computed before a state download
+        self._loss: float | None = None   # the training loss the reports carry
         self._closed = False
         self.last_round: RoundInfo | None = None
         self.strategy: Strategy = make_strategy(config, optimizer, self._params)
@@ -170,8 +172,9 @@ class Optimizer(torch.optim.Optimizer):
                                         params=self._params, scheduler=scheduler,
                                         strategy=self.strategy, buffers=self._buffers)
         resumed = self.state_keeper.resume()
-        self._tracker: TrainingTracker = node.progress.track(run_id, target_batch_size,
-                                                             auxiliary=config.auxiliary)
+        self._tracker: TrainingTracker = node.progress.track(
+            run_id, target_batch_size, auxiliary=config.auxiliary,
+            **({} if config.display_name is None else {"name": config.display_name}))
         self.rounds.tracker = self._tracker   # its reports back the rounds' weights
         try:
             if self.state_keeper.epoch:
@@ -255,7 +258,7 @@ class Optimizer(torch.optim.Optimizer):
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def step(self, closure: Callable[[], Any] | None = None, *,   # type: ignore[override]
-             batch_size: int | None = None) -> bool:
+             batch_size: int | None = None, loss: float | torch.Tensor | None = None) -> bool:
         """Count this batch; step with the swarm when the global batch is full.
 
         Call it after ``loss.backward()``, with the batch's number of samples
@@ -269,10 +272,15 @@ class Optimizer(torch.optim.Optimizer):
         round (at most ``ready_timeout``) and helps reduce it.  A batch whose
         gradients were computed before this call downloaded the swarm's state
         (catching up, or a repair) is dropped, not counted: counter
-        ``stale_batches``.
+        ``stale_batches``.  ``loss``: this peer's recent training loss (a
+        number or a one-value tensor; the batch's, or a moving average), which
+        its progress reports carry for people watching the run; a loss that
+        is not finite is not reported.
         """
         if self._closed:
             raise NodeClosedError("the optimizer is closed")
+        if loss is not None:
+            self._note_loss(loss)
         if closure is not None:
             if not callable(closure):
                 raise ConfigError(f"step(closure): the closure must be callable, got "
@@ -313,15 +321,34 @@ class Optimizer(torch.optim.Optimizer):
             # next epoch now would tell the peers that have not joined yet
             # that they are behind, and they would download state instead.
             return stepped
-        self._tracker.report(self._samples, keeper.epoch)
+        if self._loss is None:
+            self._tracker.report(self._samples, keeper.epoch)
+        else:
+            self._tracker.report(self._samples, keeper.epoch, loss=self._loss)
         progress = self._tracker.global_progress()
         self.rounds.observe(progress)
         if progress.epoch > keeper.epoch or not progress.ready_to_step:
             return stepped
         return self._global_step(progress) or stepped
 
+    def _note_loss(self, loss: float | torch.Tensor) -> None:
+        """Keep ``loss`` for the next report (a finite number only)."""
+        if isinstance(loss, torch.Tensor):
+            if loss.numel() != 1:
+                raise ConfigError(f"step(loss=...): a tensor of one value, got shape "
+                                  f"{tuple(loss.shape)}")
+            value = float(loss.detach())
+        elif isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            value = float(loss)
+        else:
+            raise ConfigError(f"step(loss=...): a number or a tensor, got "
+                              f"{type(loss).__name__}")
+        if math.isfinite(value):
+            self._loss = value
+
     async def astep(self, closure: Callable[[], Any] | None = None, *,
-                    batch_size: int | None = None) -> bool:
+                    batch_size: int | None = None,
+                    loss: float | torch.Tensor | None = None) -> bool:
         """:meth:`step` for asyncio and trio programs: it runs in a worker
         thread (``asyncio.to_thread`` or ``trio.to_thread.run_sync``, whichever
         loop awaits it), so the event loop goes on while a round runs.  The
@@ -330,7 +357,7 @@ class Optimizer(torch.optim.Optimizer):
         task waits for the step to end (a round is bounded by its limits).
         """
         def call() -> bool:
-            return self.step(closure, batch_size=batch_size)
+            return self.step(closure, batch_size=batch_size, loss=loss)
 
         import asyncio
 

@@ -9,6 +9,7 @@ import dataclasses
 
 from ..averaging import AllReduceConfig
 from ..errors import ConfigError
+from ..progress import check_info
 from ..service import is_number, is_positive
 
 __all__ = ["OptimizerConfig", "MODES", "ON_FAILURE", "MAX_STEP_SAMPLES"]
@@ -97,6 +98,9 @@ class OptimizerConfig:
             newest intact one is loaded.
         checkpoint_every: every this many epochs (10).
         checkpoint_keep: how many to keep (3).
+        display_name: a name this peer's progress reports carry for people
+            watching the run (1 to 64 printable characters; None: none).
+            Nothing counts it: it is shown beside the peer's id.
     """
 
     batch_size_per_step: int | None = None
@@ -124,6 +128,7 @@ class OptimizerConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 10
     checkpoint_keep: int = 3
+    display_name: str | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size_per_step is not None:
@@ -167,6 +172,10 @@ class OptimizerConfig:
         check_int("checkpoint_keep", self.checkpoint_keep, 1, 1000)
         if self.checkpoint_dir is not None:
             object.__setattr__(self, "checkpoint_dir", str(self.checkpoint_dir))
+        if self.display_name is not None:
+            problem = check_info(self.display_name, None, None)
+            if problem is not None:
+                raise ConfigError(f"display_name: {problem}, got {self.display_name!r}")
 
 
 def check_int(name: str, value: object, low: int, high: int) -> None:

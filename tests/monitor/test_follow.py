@@ -22,7 +22,8 @@ async def test_a_monitor_credits_each_completed_epoch_and_moves_nobody(autojump_
         a, b, monitor = nodes
         store = CreditStore(":memory:")
         glances = []
-        async with a.progress.track(RUN, 100) as ta, b.progress.track(RUN, 100) as tb, \
+        async with a.progress.track(RUN, 100, name="alice") as ta, \
+                b.progress.track(RUN, 100) as tb, \
                 trio.open_nursery() as nursery:
             await nursery.start(functools.partial(
                 follow_run, monitor, RUN, store, target_batch_size=100, interval=0.5,
@@ -45,7 +46,8 @@ async def test_a_monitor_credits_each_completed_epoch_and_moves_nobody(autojump_
             await wait_until(lambda: len(store.credits(RUN)) == 4, 30)
             credited = {(names[c.peer_id], c.epoch): c.samples for c in store.credits(RUN)}
             assert credited == {("a", 0): 30, ("b", 0): 80, ("a", 1): 50, ("b", 1): 100}
-            assert [s.samples for s in store.leaderboard(RUN)] == [180, 80]
+            assert [(s.samples, s.name) for s in store.leaderboard(RUN)] == [(180, None),
+                                                                             (80, "alice")]
             # the trainers count two trainers: the monitor is an auxiliary peer
             view = ta.global_progress()
             assert view.num_peers - view.num_auxiliary == 2

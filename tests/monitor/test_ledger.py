@@ -72,12 +72,41 @@ def test_the_store_keeps_the_largest_credit_once_across_restarts(tmp_path):
         assert store.runs() == ["other", RUN]
         first = [c for c in store.credits(RUN) if c.peer_id == "a" and c.epoch == 0][0]
         assert first.time == 1.0 and first.samples == 45               # first credited at 1.0
+        assert store.set_names(RUN, {"a": "alice"}, 3.0) == 1
+        assert store.set_names(RUN, {"a": "alice"}, 4.0) == 0          # unchanged: no write
         rows = store.export_csv(RUN).splitlines()
-        assert rows[0] == "run_id,peer_id,epoch,samples,credited_at" and len(rows) == 4
+        assert rows[0] == "run_id,peer_id,name,epoch,samples,credited_at" and len(rows) == 4
+        assert rows[1].startswith(f"{RUN},a,alice,0,45,") and rows[2].startswith(f"{RUN},b,,0,")
         data = json.loads(store.export_json(RUN))
         assert data["leaderboard"][0] == {"peer_id": "a", "samples": 75, "epochs": 2,
-                                          "first_epoch": 0, "last_epoch": 1}
+                                          "first_epoch": 0, "last_epoch": 1, "name": "alice"}
+        assert data["leaderboard"][1]["name"] is None
+    with CreditStore(path) as store:                                 # names survive restarts
+        assert store.names(RUN) == {"a": "alice"} and store.names("other") == {}
+        assert store.set_names(RUN, {"a": "alice2"}, 5.0) == 1
+        assert store.leaderboard(RUN)[0].name == "alice2"
         assert len(data["credits"]) == 3
+
+
+def test_a_schema_1_database_is_upgraded_in_place(tmp_path):
+    path = tmp_path / "v1.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        INSERT INTO meta VALUES ('schema', '1');
+        CREATE TABLE credits (run_id TEXT NOT NULL, peer_id TEXT NOT NULL,
+            epoch INTEGER NOT NULL, samples INTEGER NOT NULL, credited_at REAL NOT NULL,
+            PRIMARY KEY (run_id, peer_id, epoch));
+        INSERT INTO credits VALUES ('run-x', 'a', 0, 10, 1.0);""")
+    db.commit()
+    db.close()
+    with CreditStore(path) as store:
+        assert [(s.peer_id, s.samples, s.name) for s in store.leaderboard(RUN)] == [("a", 10, None)]
+        store.set_names(RUN, {"a": "alice"}, 2.0)
+    db = sqlite3.connect(path)
+    schema = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+    assert schema == (str(SCHEMA_VERSION),)
+    db.close()
 
 
 def test_a_file_that_is_not_a_credit_database_is_one_clear_error(tmp_path):

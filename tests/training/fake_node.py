@@ -65,10 +65,13 @@ class FakeTracker:
     reported: list[tuple[int, int | None]] = dataclasses.field(default_factory=list)
     closed: bool = False
     published: int = 0
+    losses: list[float] = dataclasses.field(default_factory=list)
 
     def report(self, samples_accumulated: int, epoch: int | None = None, *,
-               samples_per_second: float | None = None) -> None:
+               samples_per_second: float | None = None, loss: float | None = None) -> None:
         self.reported.append((samples_accumulated, epoch))
+        if loss is not None:
+            self.losses.append(loss)
 
     def update_epoch(self, epoch: int | None = None) -> int:
         self.epochs.append(epoch)
@@ -98,10 +101,12 @@ class FakeTracker:
 class FakeProgress:
     tracker: FakeTracker = dataclasses.field(default_factory=FakeTracker)
     tracked: list[tuple[str, int, bool]] = dataclasses.field(default_factory=list)
+    names: list[str | None] = dataclasses.field(default_factory=list)
 
     def track(self, run_id: str, target_batch_size: int, *,
-              auxiliary: bool = False) -> FakeTracker:
+              auxiliary: bool = False, name: str | None = None) -> FakeTracker:
         self.tracked.append((run_id, target_batch_size, auxiliary))
+        self.names.append(name)
         return self.tracker
 
 

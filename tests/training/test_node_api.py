@@ -13,6 +13,7 @@ import p2pdl
 from p2pdl.errors import ConfigError
 from p2pdl.training import (
     Optimizer,
+    OptimizerConfig,
     TrainingAllReduce,
     TrainingNode,
     TrainingProgress,
@@ -134,3 +135,27 @@ def test_the_comparison_catches_what_would_break_the_optimizer():
         "fetch(): min_epoch has no default", "fetch(): takes no max_epoch=",
         "fetch(): takes no timeout=",
         "fetch(): takes no digest=", "no offers()"]
+
+
+def test_the_loss_and_display_name_reach_the_progress_reports():
+    from .fake_node import progress as fake_progress  # noqa: PLC0415
+
+    model = torch.nn.Linear(2, 1)
+    node = FakeNode()
+    node.tracker.view = [fake_progress(0, ready=False)]
+    opt = Optimizer(node=node, run_id="named", optimizer=torch.optim.SGD(model.parameters(), 0.1),
+                    target_batch_size=64, batch_size_per_step=8, display_name="alice")
+    try:
+        assert node.progress.names == ["alice"]
+        model(torch.ones(1, 2)).sum().backward()
+        opt.step(loss=torch.tensor(2.5))
+        opt.step(loss=float("nan"))      # not finite: the last loss stays
+        opt.step(loss=1.25)
+        assert node.tracker.losses == [2.5, 2.5, 1.25]
+        for bad in (torch.ones(2), "low"):
+            with pytest.raises(ConfigError, match="step\\(loss=...\\)"):
+                opt.step(loss=bad)
+    finally:
+        opt.close()
+    with pytest.raises(ConfigError, match="display_name"):
+        OptimizerConfig(display_name="tab\there")

@@ -1,0 +1,133 @@
+"""What a report says of its peer for people: a display name, the recent
+loss, the path.  Signed with the report, bounded, checked, never counted."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import msgpack
+import pytest
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.peer.id import ID
+
+from p2pdl.errors import ConfigError, LocalProtocolError, RemoteProtocolError
+from p2pdl.progress import (
+    PATH_KINDS,
+    ProgressConfig,
+    Report,
+    ReportInfo,
+    check_info,
+    sign_report,
+    verify_report,
+)
+from p2pdl.progress._messages import Push
+from p2pdl.progress._state import check_report_values, to_peer_report
+from p2pdl.testing import MemoryNetwork, open_memory_nodes, wait_for_dht, wait_until
+from p2pdl.wire import encode_message
+
+pytestmark = pytest.mark.timeout(60)
+
+RUN = "info-run"
+
+
+def signed(info: ReportInfo | None, **fields) -> Report:
+    pair = create_new_key_pair()
+    values = dict(epoch=3, samples_accumulated=640, samples_per_second=12.5,
+                  time=1_700_000_000.25, client_mode=False)
+    values.update(fields)
+    return sign_report(pair.private_key, ID.from_pubkey(pair.public_key), RUN, info=info,
+                       **values)
+
+
+def test_the_info_is_signed_with_the_report():
+    info = ReportInfo("alice's laptop", 2.25, "hole-punched")
+    report = signed(info)
+    assert verify_report(report) is not None
+    assert verify_report(dataclasses.replace(report, info=None)) is None          # stripped
+    for forged in (ReportInfo("mallory", 2.25, "hole-punched"),
+                   ReportInfo("alice's laptop", 0.5, "hole-punched"),
+                   ReportInfo("alice's laptop", 2.25, "direct"),
+                   ReportInfo("alice's laptop", 2.25, None)):
+        assert verify_report(dataclasses.replace(report, info=forged)) is None, forged
+    plain = signed(None)
+    assert verify_report(plain) is not None
+    assert verify_report(dataclasses.replace(plain, info=ReportInfo(name="x"))) is None  # added
+
+
+def test_a_report_without_info_signs_as_before():
+    # The payload of a report with no info is the first revision's, byte for byte.
+    from p2pdl.progress._messages import SIGNATURE_DOMAIN, signing_payload
+
+    payload = signing_payload(RUN, b"\x00\x24", 3, 640, 12.5, 1.0, False, False)
+    assert payload == signing_payload(RUN, b"\x00\x24", 3, 640, 12.5, 1.0, False, False, None)
+    assert SIGNATURE_DOMAIN.encode() in payload
+    assert payload != signing_payload(RUN, b"\x00\x24", 3, 640, 12.5, 1.0, False, False,
+                                      ReportInfo())
+
+
+def test_the_view_keeps_the_info():
+    report = signed(ReportInfo("bob", 1.5, "relayed"))
+    kept = to_peer_report(report)
+    assert (kept.name, kept.loss, kept.path) == ("bob", 1.5, "relayed")
+    assert check_report_values(kept, report.time, ProgressConfig()) is None
+    bare = to_peer_report(signed(None))
+    assert (bare.name, bare.loss, bare.path) == (None, None, None)
+
+
+@pytest.mark.parametrize("name, loss, path", [
+    ("", None, None), ("   ", None, None), ("a\x1b[2Jb", None, None), ("line\nbreak", None, None),
+    ("x" * 65, None, None), (None, math.nan, None), (None, math.inf, None),
+    (None, None, "teleported")])
+def test_an_absurd_info_is_dropped(name, loss, path):
+    assert check_info(name, loss, path) is not None
+    kept = dataclasses.replace(to_peer_report(signed(None)), name=name, loss=loss, path=path)
+    assert check_report_values(kept, kept.time, ProgressConfig()) is not None
+
+
+def test_every_path_kind_and_a_long_unicode_name_pass():
+    for kind in PATH_KINDS:
+        assert check_info(None, None, kind) is None
+    assert check_info("Ωmega 東京 " + "x" * 54, -0.0, None) is None
+
+
+def test_the_wire_bounds_the_info():
+    report = signed(ReportInfo("carol", 3.0, "direct"))
+    push = Push(RUN, (report,))
+
+    def body():   # the push as a receiver's decoder sees it
+        return msgpack.unpackb(encode_message(push), raw=False)[2]
+
+    assert Push.from_wire(body()) == push
+    for field, value in (("name", "x" * 65), ("path", "teleported"), ("loss", "high"),
+                         ("loss", math.nan)):
+        wire = body()
+        wire["reports"][0]["info"][field] = value
+        with pytest.raises(RemoteProtocolError):
+            Push.from_wire(wire)
+
+
+async def test_a_tracker_reports_its_name_loss_and_path():
+    async with open_memory_nodes(2, network=MemoryNetwork(latency=0.005)) as nodes:
+        await wait_for_dht(nodes)
+        async with nodes[0].progress.track(RUN, 1000, name="alice") as alice, \
+                nodes[1].progress.track(RUN, 1000) as bob:
+            alice.report(10, loss=2.5)
+            alice.publish_now()
+            me = nodes[0].peer_id.to_bytes()
+
+            def seen():
+                return next((r for r in bob.peers() if r.peer_id == me), None)
+
+            await wait_until(lambda: seen() is not None and seen().loss == 2.5, 30, step=0.05)
+            report = seen()
+            assert (report.name, report.loss, report.path) == ("alice", 2.5, "direct")
+            assert alice.loss == 2.5 and alice.name == "alice"
+            # bob said nothing of itself: alice sees no name and no loss.
+            theirs = next(r for r in alice.peers() if r.peer_id != me)
+            assert (theirs.name, theirs.loss) == (None, None)
+            with pytest.raises(LocalProtocolError):
+                alice.report(20, loss=math.nan)
+        with pytest.raises(ConfigError):
+            async with nodes[0].progress.track(RUN, 1000, name="bad\x07name"):
+                pass
