@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -187,7 +188,8 @@ def test_two_trainers_reach_epoch_two_together_and_a_monitor_credits_them(tmp_pa
         monitors.append(subprocess.Popen(
             [sys.executable, "-m", "p2pdl", "monitor", *LOOPBACK, "--run-id", "two-peers",
              "--initial-peers", address, "--db", str(tmp_path / "credits.sqlite"),
-             "--target-batch-size", "64", "--status-interval", "1", "--export", str(export)],
+             "--target-batch-size", "64", "--status-interval", "1", "--export", str(export),
+             "--http", "127.0.0.1:0"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
 
     try:
@@ -210,6 +212,7 @@ def test_two_trainers_reach_epoch_two_together_and_a_monitor_credits_them(tmp_pa
     assert credited and credited <= trainers, (out, credits)
     assert all(s["name"] == "volunteer" for s in credits["leaderboard"]), credits
     assert "(volunteer)" in out, out
+    assert re.search(r"^dashboard: http://127\.0\.0\.1:\d+/$", out, re.M), out
     assert all(0 < c["samples"] <= 64 and c["epoch"] in (0, 1) for c in credits["credits"])
     for proc in (first, second):
         assert "Traceback" not in proc.stderr, proc.stderr

@@ -39,8 +39,8 @@ LAYERS = {
     "averaging": 7,
     "training": 8,
     "": 9,  # the node: p2pdl/__init__.py, _node, _config, _portal, _faces, _sync_node
-    "metrics": 10, "monitor": 10,
-    "cli": 11, "testing": 11, "hf": 11,
+    "metrics": 10, "monitor": 11,
+    "cli": 12, "testing": 12, "hf": 12,
 }
 #: Root modules every layer may import although their names are private.
 SHARED = {"_concurrency", "_version"}

@@ -2,7 +2,7 @@
 
     p2pdl node [--listen MULTIADDR ...] [--initial-peers MULTIADDR ...] [--identity FILE]
     p2pdl train [--initial-peers MULTIADDR ...] [--run-id NAME] [--json-lines] ...
-    p2pdl monitor --run-id NAME [--initial-peers MULTIADDR ...] [--db FILE] [--export FILE]
+    p2pdl monitor --run-id NAME [--initial-peers MULTIADDR ...] [--db FILE] [--http HOST:PORT]
     p2pdl demo [--duration SECONDS] [--out DIR]
     p2pdl identity [--identity FILE]
     p2pdl auth init | issue | revoke | show
@@ -19,7 +19,9 @@ Modules:
 * ``_node`` -- ``p2pdl node``: a long-lived peer, its addresses and status lines.
 * ``_train`` -- ``p2pdl train``: one training peer of the example task, its events.
 * ``_monitor`` -- ``p2pdl monitor``: follows a run, credits its contributors
-  (SQLite), status lines, the leaderboard, exports.
+  (SQLite), its web dashboard, the live view or status lines, the leaderboard,
+  exports.
+* ``_monitor_view`` -- the monitor's terminal view (rich).
 * ``_demo`` -- ``p2pdl demo``: the swarm phase, then the baseline; signals.
 * ``_demo_children`` -- the demo's child processes: start, read events, stop.
 * ``_demo_view`` -- the demo's live view (rich) and plain progress lines.

@@ -27,7 +27,9 @@ identity file, and signs a certificate for each member's peer id (the relay
 and the monitor as monitors, the trainers, the auxiliary peer).  The
 monitor (``p2pdl monitor``) credits each member with the samples its signed
 reports claim at every epoch the run completes (``credits.sqlite``,
-``credits.json``), and serves Prometheus metrics (its URL is printed).  It also starts one
+``credits.json``) and serves its web dashboard, with Prometheus metrics at
+``/metrics`` (its URL is printed; ``report.json`` keeps what the dashboard
+showed at the end of the swarm's phase).  It also starts one
 **uninvited** peer: a real ``p2pdl train --auxiliary`` of the same run id
 with no certificate.  The summary says how many members refused it, from the
 members' own final statistics (their admission gate's refused requests; the
@@ -60,6 +62,8 @@ results.
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
 import platform
 import secrets
@@ -67,6 +71,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +86,8 @@ from ._demo_report import build_report, summary, write_plot, write_report
 from ._demo_view import watch
 
 __all__ = ["add_parser", "run"]
+
+logger = logging.getLogger(__name__)
 
 #: Swarm training time by default (s).
 DURATION = 180.0
@@ -115,6 +122,8 @@ WAIT_FOR_PEERS_TIMEOUT = 90.0
 FINISH_SLACK = 60.0
 
 TRAINERS = 3
+#: Seconds the demo waits for the monitor's dashboard to answer.
+DASHBOARD_TIMEOUT = 10.0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -177,6 +186,8 @@ class _Demo:
         self.solo = Phase("solo")
         self.children: Children | None = None
         self.interrupted = False
+        #: what the monitor's dashboard showed at the end of the swarm's phase
+        self.dashboard: dict[str, Any] | None = None
         self.error: str | None = None
         self.keys: Path | None = None  # the authority, identities, certificates (temporary)
         self.authority_id: str | None = None
@@ -252,13 +263,14 @@ class _Demo:
             "monitor", "--listen", "/ip4/127.0.0.1/tcp/0", "--run-id", self.run_id,
             "--initial-peers", bootstrap, "--db", str(self.out / CREDITS_DB),
             "--export", str(self.out / CREDITS), "--target-batch-size",
-            str(a.target_batch_size), "--status-interval", "10", "--metrics", "127.0.0.1:0",
-            "--duration", lifetime, *self.member_args("monitor")])
+            str(a.target_batch_size), "--status-interval", "10", "--http", "127.0.0.1:0",
+            "--view", "lines", "--duration", lifetime, *self.member_args("monitor")])
         phase.others.append(monitor)
-        await wait_for(monitor.have_metrics, monitor, START_TIMEOUT, "serve its metrics")
+        await wait_for(monitor.have_dashboard, monitor, START_TIMEOUT, "serve its dashboard")
         self.console.print(f"monitor: credits the members from their signed reports "
-                           f"({self.out / CREDITS_DB}); Prometheus metrics at "
-                           f"{monitor.metrics_url}")
+                           f"({self.out / CREDITS_DB}); dashboard at {monitor.dashboard_url} "
+                           f"(open it in a browser), Prometheus metrics at "
+                           f"{monitor.dashboard_url}metrics")
         peers = TRAINERS + 1 + (a.attacker is not None)
         common = ["--run-id", self.run_id, "--initial-peers", bootstrap,
                   "--wait-for-peers", str(peers), "--wait-timeout", repr(WAIT_FOR_PEERS_TIMEOUT)]
@@ -294,6 +306,7 @@ class _Demo:
                            + (f", and an attacker ({a.attacker})" if a.attacker else "")
                            + "; waiting for the members to meet")
         await self._watch(phase, START_TIMEOUT + WAIT_FOR_PEERS_TIMEOUT)
+        self.dashboard = await trio.to_thread.run_sync(_dashboard_state, monitor.dashboard_url)
         await children.stop(phase.children)
 
     async def _run_solo(self, children: Children) -> None:
@@ -328,10 +341,30 @@ class _Demo:
         }
 
     def report(self) -> dict[str, Any]:
-        return build_report(settings=self.settings(), interrupted=self.interrupted,
-                            error=self.error, swarm=self.swarm, solo=self.solo,
-                            children=self.children.all if self.children else [], out=self.out,
-                            member_ids=self.member_ids)
+        report = build_report(settings=self.settings(), interrupted=self.interrupted,
+                              error=self.error, swarm=self.swarm, solo=self.solo,
+                              children=self.children.all if self.children else [],
+                              out=self.out, member_ids=self.member_ids)
+        report["dashboard"] = self.dashboard
+        return report
+
+
+def _dashboard_state(url: str | None) -> dict[str, Any] | None:
+    """What the monitor's dashboard shows now (``/api/state``), summed up:
+    its URL, the run's epoch, the peers in view, the leaderboard's rows and
+    the history's points (None when it does not answer)."""
+    if url is None:
+        return None
+    try:
+        with urllib.request.urlopen(url + "api/state", timeout=DASHBOARD_TIMEOUT) as answer:
+            state = json.loads(answer.read())
+    except (OSError, ValueError) as exc:
+        logger.warning("the monitor's dashboard did not answer: %s", exc)
+        return {"url": url, "answered": False}
+    status = state.get("status") or {}
+    return {"url": url, "answered": True, "epoch": status.get("epoch"),
+            "peers": len(state.get("peers", [])), "leaderboard": len(state.get("leaderboard", [])),
+            "points": len(state.get("points", [])), "loss": status.get("loss")}
 
 
 async def _run_demo(demo: _Demo) -> None:

@@ -65,6 +65,9 @@ class Child:
     #: where it serves Prometheus metrics (``--metrics``), once it said so
     metrics_url: str | None = None
     have_metrics: trio.Event = dataclasses.field(default_factory=trio.Event)
+    #: where it serves its web dashboard (``p2pdl monitor --http``), once it said so
+    dashboard_url: str | None = None
+    have_dashboard: trio.Event = dataclasses.field(default_factory=trio.Event)
     have_ready: trio.Event = dataclasses.field(default_factory=trio.Event)
     have_started: trio.Event = dataclasses.field(default_factory=trio.Event)
 
@@ -84,6 +87,10 @@ class Child:
         if line.startswith("metrics: "):   # --metrics: where it serves them
             self.metrics_url = line.split(" ", 1)[1].strip()
             self.have_metrics.set()
+            return
+        if line.startswith("dashboard: "):   # p2pdl monitor --http
+            self.dashboard_url = line.split(" ", 1)[1].strip()
+            self.have_dashboard.set()
             return
         if not line.startswith("{"):
             return

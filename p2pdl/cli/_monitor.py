@@ -2,7 +2,8 @@
 
     p2pdl monitor --run-id R [--initial-peers MULTIADDR ...] [--db FILE]
                   [--target-batch-size N] [--status-interval S] [--duration S]
-                  [--top N] [--export FILE.csv|FILE.json] [--metrics HOST:PORT]
+                  [--top N] [--export FILE.csv|FILE.json] [--http HOST:PORT]
+                  [--view live|lines] [--metrics HOST:PORT]
                   [--authority ID --certificate FILE | --allowlist FILE] ...
 
 A peer that takes no part in training or averaging: it follows the run's
@@ -11,10 +12,13 @@ certificate's role is ``monitor``), credits each peer with the samples its
 own signed reports claim at every epoch the run completes
 (:mod:`p2pdl.monitor`: capped at the target batch size per peer and epoch)
 into an SQLite database (``--db``, kept across restarts), and prints its
-addresses, then a status line every ``--status-interval`` seconds with the
-run's epoch, peers, throughput and the leaderboard's top ``--top``.  At the
-end (SIGINT, SIGTERM or ``--duration``) it prints the leaderboard and, with
-``--export``, writes the run's credits as CSV or JSON.
+addresses.  With ``--http`` it serves the web dashboard (``dashboard:
+<url>`` is printed).  On a terminal (``--view live``, the default there) it
+redraws the run's view (:mod:`._monitor_view`); elsewhere (``--view
+lines``) it prints a status line every ``--status-interval`` seconds with
+the run's epoch, peers, throughput and the leaderboard's top ``--top``.  At
+the end (SIGINT, SIGTERM or ``--duration``) it prints the leaderboard and,
+with ``--export``, writes the run's credits as CSV or JSON.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import functools
 import logging
 import math
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -31,13 +36,14 @@ import trio
 
 from .. import NodeConfig, open_node
 from .._concurrency import open_service_nursery
-from ..monitor import CreditStore, Glance, follow_run
+from ..monitor import CreditStore, Dashboard, Glance, follow_run, serve_dashboard
 from ._args import (
     UsageError,
     add_identity,
     add_initial_peers,
     add_listen,
     add_metrics,
+    metrics_address,
     positive_float,
     positive_int,
     run_id_text,
@@ -64,6 +70,8 @@ STATUS_INTERVAL = 10.0
 TARGET_BATCH_SIZE = 256
 #: Leaderboard lines in the status (default of --top).
 TOP = 3
+#: Seconds between redraws of the live view.
+LIVE_INTERVAL = 1.0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -93,6 +101,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"leaderboard lines in each status line (default {TOP})")
     p.add_argument("--export", default=None, metavar="FILE",
                    help="at the end, write the run's credits to FILE (.csv or .json)")
+    p.add_argument("--http", type=metrics_address, default=None, metavar="HOST:PORT",
+                   help="serve the web dashboard at http://HOST:PORT/ (the run live: loss, "
+                        "throughput, peers, epochs, leaderboard; its metrics at /metrics; "
+                        "port 0: a free one, printed)")
+    p.add_argument("--view", choices=("live", "lines"), default=None,
+                   help="live: redraw the run's view in place; lines: print status lines "
+                        "(default: live on a terminal, lines elsewhere)")
     add_membership(p)
     add_metrics(p)
     p.set_defaults(handler=run)
@@ -128,7 +143,8 @@ async def _monitor(args: argparse.Namespace, plan: RunPlan, identity: str | None
                    store: CreditStore) -> None:
     config = NodeConfig.build(listen=args.listen, initial_peers=args.initial_peers,
                               identity_path=identity)
-    latest: list[Glance] = []
+    dashboard = Dashboard(args.run_id, store)
+    live = args.view == "live" or (args.view is None and sys.stdout.isatty())
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with open_node(config, runs=plan.policies) as node, \
                 open_service_nursery() as nursery:
@@ -136,15 +152,34 @@ async def _monitor(args: argparse.Namespace, plan: RunPlan, identity: str | None
             await start_peer(node, nursery, signals, args)
             for line in plan.lines:
                 print(line, flush=True)
+            if args.http is not None:
+                host, port = await nursery.start(serve_dashboard, node, dashboard, args.http)
+                print(f"dashboard: http://{host}:{port}/", flush=True)
             await nursery.start(functools.partial(
                 follow_run, node, args.run_id, store, target_batch_size=args.target_batch_size,
-                on_glance=lambda glance: latest.__setitem__(slice(None), [glance])))
+                on_glance=dashboard.observe))
+            if live:
+                await _live(dashboard, args.top)
             start = time.monotonic()
             while True:
                 await trio.sleep(args.status_interval)
-                if latest:
-                    print(status_line(latest[0], store, args.run_id, args.top,
+                if dashboard.glance is not None:
+                    print(status_line(dashboard.glance, store, args.run_id, args.top,
                                       time.monotonic() - start), flush=True)
+
+
+async def _live(dashboard: Dashboard, top: int) -> None:
+    """Redraw the run's view in place until cancelled (a terminal only)."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from ._monitor_view import monitor_view
+
+    with Live(monitor_view(dashboard.state(), top), console=Console(), auto_refresh=False,
+              transient=False) as view:
+        while True:
+            await trio.sleep(LIVE_INTERVAL)
+            view.update(monitor_view(dashboard.state(), top), refresh=True)
 
 
 def status_line(glance: Glance, store: CreditStore, run_id: str, top: int,

@@ -1,18 +1,21 @@
 """``/metrics`` over HTTP/1.1: h11 on trio, in the node's nursery.
 
-One listener; each connection is served while a slot of
-``max_connections`` is free (else it is answered 503 and closed), each
-request read within ``request_timeout`` and at most ``max_request_bytes``
-long (431 beyond).  ``GET`` or ``HEAD /metrics`` answers the Prometheus text
-exposition of the node's statistics (:mod:`._families`) and the process's;
-any other path is 404, any other method 405.  Nothing a client sends
-reaches the node beyond the request line.
+:func:`serve_http` is a small bounded server of ``GET`` and ``HEAD``: one
+listener; each connection is served while a slot of ``max_connections`` is
+free (else it is answered 503 and closed), each request read within
+``request_timeout`` and at most ``max_request_bytes`` long (431 beyond),
+any other method 405; what to answer for a path is its caller's
+(:data:`Answer`).  Nothing a client sends reaches the node beyond the
+request's method and path.  :func:`serve_metrics` serves on it ``GET`` or
+``HEAD /metrics``: the Prometheus text exposition of the node's statistics
+(:mod:`._families`) and the process's (any other path is 404).
 """
 
 from __future__ import annotations
 
 import http
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import h11
@@ -26,7 +29,8 @@ from .config import MetricsConfig
 if TYPE_CHECKING:
     from .. import Node, TrioNode
 
-__all__ = ["serve_metrics", "start_metrics", "parse_address", "METRICS_PATH"]
+__all__ = ["serve_metrics", "start_metrics", "serve_http", "metrics_answer", "parse_address",
+           "Answer", "METRICS_PATH"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +43,18 @@ CLOSE_LINGER = 1.0
 #: ... and reads and drops at most this many bytes meanwhile.
 CLOSE_DRAIN_BYTES = 1 << 16
 
+#: What a server answers to a ``GET`` (or ``HEAD``) of a path (the request
+#: target without its query): status, headers (a ``content-type`` among
+#: them, else plain text), body.
+Answer = Callable[[str], tuple[int, list[tuple[str, str]], bytes]]
+
 
 def parse_address(address: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[v6]:PORT`` for IPv6) as (host, port); ConfigError otherwise."""
     host, sep, port_text = address.rpartition(":")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigError(f"metrics address {address!r}: expected HOST:PORT "
+        raise ConfigError(f"address {address!r}: expected HOST:PORT "
                           f"(e.g. 127.0.0.1:9100, or port 0 for a free one)")
     return host, int(port_text)
 
@@ -59,26 +68,46 @@ async def serve_metrics(node: TrioNode, address: str, *, config: MetricsConfig |
     returns the (host, port) bound (port 0 takes a free one).  Raises
     ConfigError for a bad address or one that cannot be bound (in use).
     """
+    await serve_http(address, metrics_answer(node_registry(node)), config=config,
+                     what="metrics", task_status=task_status)
+
+
+def metrics_answer(registry: CollectorRegistry) -> Answer:
+    """The answer of a metrics server: ``/metrics``, the registry's exposition."""
+    def answer(path: str) -> tuple[int, list[tuple[str, str]], bytes]:
+        if path != METRICS_PATH:
+            return 404, [], f"not found; the metrics are at {METRICS_PATH}\n".encode()
+        return 200, [("content-type", CONTENT_TYPE_LATEST)], generate_latest(registry)
+    return answer
+
+
+async def serve_http(address: str, answer: Answer, *, config: MetricsConfig | None = None,
+                     what: str = "metrics",
+                     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED
+                     ) -> None:
+    """Serve ``answer`` at ``address`` (``HOST:PORT``) until cancelled, within
+    ``config``'s bounds; ``what`` names the server in logs and errors.  Start
+    it with ``nursery.start``: that returns the (host, port) bound.  Raises
+    ConfigError for a bad address or one that cannot be bound."""
     config = config or MetricsConfig()
     host, port = parse_address(address)
-    registry = node_registry(node)
     try:
         listeners = await trio.open_tcp_listeners(port, host=host)
     except OSError as exc:
-        raise ConfigError(f"metrics address {address}: {exc.strerror or exc}") from None
+        raise ConfigError(f"{what} address {address}: {exc.strerror or exc}") from None
     bound = listeners[0].socket.getsockname()
     limiter = trio.CapacityLimiter(config.max_connections)
-    logger.info("serving metrics at http://%s:%d%s", bound[0], bound[1], METRICS_PATH)
+    logger.info("serving %s at http://%s:%d", what, bound[0], bound[1])
     task_status.started((bound[0], bound[1]))
 
     async def connection(stream: trio.SocketStream) -> None:
         try:
             limiter.acquire_nowait()
         except trio.WouldBlock:
-            await _refuse_busy(stream)
+            await _refuse_busy(stream, what)
             return
         try:
-            await _serve(stream, registry, config)
+            await _serve(stream, answer, config)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass   # the client went away
         finally:
@@ -103,8 +132,7 @@ def start_metrics(node: Node, address: str, *, config: MetricsConfig | None = No
     return node.portal.run(start, timeout)
 
 
-async def _serve(stream: trio.SocketStream, registry: CollectorRegistry,
-                 config: MetricsConfig) -> None:
+async def _serve(stream: trio.SocketStream, answer: Answer, config: MetricsConfig) -> None:
     """Answer a connection's requests until it closes, breaks the protocol, is
     too slow, or used its ``max_requests_per_connection``."""
     connection = h11.Connection(h11.SERVER, max_incomplete_event_size=config.max_request_bytes)
@@ -118,7 +146,7 @@ async def _serve(stream: trio.SocketStream, registry: CollectorRegistry,
             return
         if waited.cancelled_caught or request is None:
             return
-        status, headers, body = _answer(request, registry)
+        status, headers, body = _answer(request, answer)
         with trio.move_on_after(config.request_timeout) as wrote:
             await _write(stream, connection, status, headers, body,
                          head=request.method == b"HEAD")
@@ -156,14 +184,10 @@ async def _read_request(stream: trio.SocketStream, connection: h11.Connection,
             return None
 
 
-def _answer(request: h11.Request, registry: CollectorRegistry
-            ) -> tuple[int, list[tuple[str, str]], bytes]:
-    path = request.target.split(b"?", 1)[0]
+def _answer(request: h11.Request, answer: Answer) -> tuple[int, list[tuple[str, str]], bytes]:
     if request.method not in (b"GET", b"HEAD"):
         return 405, [("allow", "GET, HEAD")], b"only GET and HEAD\n"
-    if path != METRICS_PATH.encode():
-        return 404, [], f"not found; the metrics are at {METRICS_PATH}\n".encode()
-    return 200, [("content-type", CONTENT_TYPE_LATEST)], generate_latest(registry)
+    return answer(request.target.split(b"?", 1)[0].decode("ascii", "replace"))
 
 
 async def _write(stream: trio.SocketStream, connection: h11.Connection, status: int,
@@ -189,10 +213,10 @@ def _raw_response(status: int, text: str) -> bytes:
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
 
 
-async def _refuse_busy(stream: trio.SocketStream) -> None:
+async def _refuse_busy(stream: trio.SocketStream, what: str) -> None:
     with trio.move_on_after(CLOSE_LINGER):
         try:
-            await stream.send_all(_raw_response(503, "busy: too many metrics connections\n"))
+            await stream.send_all(_raw_response(503, f"busy: too many {what} connections\n"))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
     await _close(stream)

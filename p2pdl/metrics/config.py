@@ -14,11 +14,11 @@ MAX_CONNECTIONS = 256
 
 @dataclasses.dataclass(frozen=True)
 class MetricsConfig:
-    """How ``/metrics`` is served.
+    """How ``/metrics`` (and the monitor's dashboard) is served.
 
     Attributes:
-        max_connections: HTTP connections served at once; more wait for a
-            free slot in the kernel's backlog.  Default 8 (a scraper or two).
+        max_connections: HTTP connections served at once; one more is
+            answered 503 and closed.  Default 8 (a scraper or two).
         request_timeout: seconds a connection may take to send a whole
             request (and to take the answer); then it is closed.  Default 10.
         max_request_bytes: the most bytes of a request's line and headers;

@@ -70,6 +70,8 @@ from ._state import (
     Verdict,
     check_info,
     info_of,
+    path_kind,
+    publishable_rate,
 )
 from .config import (
     MAX_ADDRS,
@@ -391,18 +393,11 @@ class ProgressTracker:
 
     def _local_report(self, now: float) -> PeerReport:
         rate = self._rate_override if self._rate_override is not None else self._ema.rate
+        client = self.client_mode
         return PeerReport(self._peer_id.to_bytes(), self._epoch, self._samples,
-                          0.0 if self.auxiliary else rate, now, self.client_mode, self.auxiliary,
-                          self.name, self._loss, self._path())
-
-    def _path(self) -> str | None:
-        """How this peer is reached (``ReportInfo.path``): the least direct
-        path of its connections now, None with none."""
-        kinds = set(self._host.paths().values())
-        for kind in ("relayed", "hole-punched", "direct"):
-            if kind in kinds:
-                return kind
-        return None
+                          0.0 if self.auxiliary else publishable_rate(rate, self.config, client),
+                          now, client, self.auxiliary, self.name, self._loss,
+                          path_kind(self._host.paths().values()))
 
     def _set_local(self, now: float) -> PeerReport:
         local = self._local_report(now)

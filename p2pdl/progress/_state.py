@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from ..service import MembershipView, Role
@@ -55,8 +56,9 @@ if TYPE_CHECKING:
     from libp2p.peer.id import ID
 
 __all__ = ["GlobalProgress", "ProgressView", "PublishPolicy", "RateEMA", "PeerReport",
-           "Screened", "Verdict", "check_info", "check_report_values", "check_role_caps", "info_of",
-           "quorum_epoch", "screen_report", "to_peer_report"]
+           "Screened", "Verdict", "check_info", "check_report_values", "check_role_caps",
+           "info_of", "path_kind", "publishable_rate", "quorum_epoch", "screen_report",
+           "to_peer_report"]
 
 
 class Verdict(enum.Enum):
@@ -154,6 +156,26 @@ def to_peer_report(report: Report) -> PeerReport:
                       report.samples_per_second, report.time, report.client_mode,
                       report.auxiliary, *((None, None, None) if info is None
                                           else (info.name, info.loss, info.path)))
+
+
+def path_kind(paths: Iterable[str]) -> str | None:
+    """How a peer is reached (``ReportInfo.path``), from the paths of its
+    connections now: the least direct of them, None with none."""
+    kinds = set(paths)
+    for kind in ("relayed", "hole-punched", "direct"):
+        if kind in kinds:
+            return kind
+    return None
+
+
+def publishable_rate(rate: float, config: ProgressConfig, client_mode: bool) -> float:
+    """``rate`` within the bounds receivers check (``max_samples_per_second``
+    and the role's cap): a burst measured over a few microseconds (two
+    reports in a row) would otherwise make every receiver drop the peer's
+    reports as absurd until its next one."""
+    cap = config.max_client_samples_per_second if client_mode \
+        else config.max_trainer_samples_per_second
+    return min(rate, config.max_samples_per_second, cap)
 
 
 def info_of(report: PeerReport) -> ReportInfo | None:

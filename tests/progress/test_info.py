@@ -131,3 +131,21 @@ async def test_a_tracker_reports_its_name_loss_and_path():
         with pytest.raises(ConfigError):
             async with nodes[0].progress.track(RUN, 1000, name="bad\x07name"):
                 pass
+
+
+async def test_a_burst_of_reports_never_publishes_a_rate_receivers_drop():
+    # Two reports microseconds apart measure an absurd rate; the tracker
+    # publishes at most its bounds, so the others keep accepting its reports.
+    config = ProgressConfig(max_trainer_samples_per_second=1000.0)
+    async with open_memory_nodes(2, network=MemoryNetwork(latency=0.005)) as nodes:
+        await wait_for_dht(nodes)
+        async with nodes[0].progress.track(RUN, 1000, config=config) as burst, \
+                nodes[1].progress.track(RUN, 1000, config=config) as other:
+            burst.report(0, 1)
+            burst.report(50, 1)
+            burst.publish_now()
+            assert burst.own_report(1).samples_per_second <= 1000.0
+            me = nodes[0].peer_id.to_bytes()
+            await wait_until(lambda: any(r.peer_id == me and r.samples_accumulated == 50
+                                         for r in other.peers()), 30, step=0.05)
+            assert other.statistics()["dropped_absurd"] == 0
