@@ -164,6 +164,7 @@ def test_bad_flags_are_usage_errors(args, message, capsys):
     # Checked once the node or the optimizer starts, and still a one-line error.
     (["--initial-peers", "localhost:4001", "--duration", "1"], "is not a multiaddr"),
     (["--run-id", "x" * 200, "--duration", "1"], "run_id must be"),
+    (["--resume-from", "/nonexistent/copies", "--duration", "1"], "no intact checkpoint"),
 ])
 def test_bad_input_is_a_one_line_error(args, message):
     result = run_p2pdl("train", *LOOPBACK, *args)
@@ -189,7 +190,8 @@ def test_two_trainers_reach_epoch_two_together_and_a_monitor_credits_them(tmp_pa
             [sys.executable, "-m", "p2pdl", "monitor", *LOOPBACK, "--run-id", "two-peers",
              "--initial-peers", address, "--db", str(tmp_path / "credits.sqlite"),
              "--target-batch-size", "64", "--status-interval", "1", "--export", str(export),
-             "--http", "127.0.0.1:0"],
+             "--http", "127.0.0.1:0", "--backup-dir", str(tmp_path / "copies"),
+             "--backup-every", "1"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
 
     try:
@@ -213,6 +215,7 @@ def test_two_trainers_reach_epoch_two_together_and_a_monitor_credits_them(tmp_pa
     assert all(s["name"] == "volunteer" for s in credits["leaderboard"]), credits
     assert "(volunteer)" in out, out
     assert re.search(r"^dashboard: http://127\.0\.0\.1:\d+/$", out, re.M), out
+    assert f"backups: every 1 epoch(s) in {tmp_path / 'copies'}" in out, out
     assert all(0 < c["samples"] <= 64 and c["epoch"] in (0, 1) for c in credits["credits"])
     for proc in (first, second):
         assert "Traceback" not in proc.stderr, proc.stderr

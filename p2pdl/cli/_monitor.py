@@ -3,7 +3,8 @@
     p2pdl monitor --run-id R [--initial-peers MULTIADDR ...] [--db FILE]
                   [--target-batch-size N] [--status-interval S] [--duration S]
                   [--top N] [--export FILE.csv|FILE.json] [--http HOST:PORT]
-                  [--view live|lines] [--metrics HOST:PORT]
+                  [--view live|lines] [--backup-dir DIR [--backup-every N]]
+                  [--metrics HOST:PORT]
                   [--authority ID --certificate FILE | --allowlist FILE] ...
 
 A peer that takes no part in training or averaging: it follows the run's
@@ -16,9 +17,12 @@ addresses.  With ``--http`` it serves the web dashboard (``dashboard:
 <url>`` is printed).  On a terminal (``--view live``, the default there) it
 redraws the run's view (:mod:`._monitor_view`); elsewhere (``--view
 lines``) it prints a status line every ``--status-interval`` seconds with
-the run's epoch, peers, throughput and the leaderboard's top ``--top``.  At
-the end (SIGINT, SIGTERM or ``--duration``) it prints the leaderboard and,
-with ``--export``, writes the run's credits as CSV or JSON.
+the run's epoch, peers, throughput and the leaderboard's top ``--top``.
+With ``--backup-dir`` it downloads the run's state every ``--backup-every``
+epochs and keeps it as atomic checkpoints (``p2pdl train --resume-from
+DIR`` starts from the newest).  At the end (SIGINT, SIGTERM or
+``--duration``) it prints the leaderboard and, with ``--export``, writes the
+run's credits as CSV or JSON.
 """
 
 from __future__ import annotations
@@ -36,7 +40,15 @@ import trio
 
 from .. import NodeConfig, open_node
 from .._concurrency import open_service_nursery
-from ..monitor import CreditStore, Dashboard, Glance, follow_run, serve_dashboard
+from ..monitor import (
+    BackupConfig,
+    Backups,
+    CreditStore,
+    Dashboard,
+    Glance,
+    follow_run,
+    serve_dashboard,
+)
 from ._args import (
     UsageError,
     add_identity,
@@ -105,6 +117,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="serve the web dashboard at http://HOST:PORT/ (the run live: loss, "
                         "throughput, peers, epochs, leaderboard; its metrics at /metrics; "
                         "port 0: a free one, printed)")
+    p.add_argument("--backup-dir", default=None, metavar="DIR",
+                   help="keep copies of the run's state (model, optimizer) in DIR as atomic "
+                        "checkpoints, so the run survives all its trainers leaving "
+                        "(p2pdl train --resume-from DIR)")
+    p.add_argument("--backup-every", type=positive_int, default=10, metavar="EPOCHS",
+                   help="epochs between copies (default 10)")
+    p.add_argument("--backup-keep", type=positive_int, default=3, metavar="N",
+                   help="copies kept, the newest (default 3)")
     p.add_argument("--view", choices=("live", "lines"), default=None,
                    help="live: redraw the run's view in place; lines: print status lines "
                         "(default: live on a terminal, lines elsewhere)")
@@ -155,9 +175,17 @@ async def _monitor(args: argparse.Namespace, plan: RunPlan, identity: str | None
             if args.http is not None:
                 host, port = await nursery.start(serve_dashboard, node, dashboard, args.http)
                 print(f"dashboard: http://{host}:{port}/", flush=True)
+            backups = None
+            if args.backup_dir is not None:
+                backups = Backups(node, args.run_id, BackupConfig(
+                    Path(args.backup_dir), every=args.backup_every, keep=args.backup_keep))
+                dashboard.backups = backups
+                print(f"backups: every {args.backup_every} epoch(s) in {args.backup_dir}"
+                      + (f" (newest: epoch {backups.last_epoch})"
+                         if backups.last_epoch is not None else ""), flush=True)
             await nursery.start(functools.partial(
                 follow_run, node, args.run_id, store, target_batch_size=args.target_batch_size,
-                on_glance=dashboard.observe))
+                on_glance=dashboard.observe, backups=backups))
             if live:
                 await _live(dashboard, args.top)
             start = time.monotonic()

@@ -101,6 +101,13 @@ def monitor_view(state: dict[str, Any], top: int = 5) -> Any:
     tables = Table.grid(padding=(0, 4))
     tables.add_row(epochs, board)
     parts = [head, summary, tables, peers]
+    backup = state.get("backup")
+    if backup:
+        newest = backup["last_epoch"]
+        parts.insert(2, Text.assemble(
+            ("backups ", "dim"), f"newest: epoch {newest}" if newest is not None else "none yet",
+            f", {backup['saved']} saved, {backup['failures']} failed, every "
+            f"{backup['every']} epoch(s) in ", Text(backup["directory"])))
     if more > 0:
         parts.append(Text(f"... and {more} more peer(s)", style="dim"))
     return Group(*parts)

@@ -189,6 +189,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "watching the run (p2pdl monitor); nothing counts it (default: none)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="write checkpoints here and resume from the newest (default: none)")
+    p.add_argument("--resume-from", metavar="DIR", default=None,
+                   help="start from the newest checkpoint in DIR (a monitor's --backup-dir) "
+                        "when --checkpoint-dir holds none")
     p.add_argument("--checkpoint-every", type=positive_int, default=10, metavar="EPOCHS",
                    help="epochs between checkpoints (default 10)")
     p.add_argument("--peer-index", type=non_negative_int, default=None, metavar="N",
@@ -410,6 +413,8 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
             options["checkpoint_dir"] = args.checkpoint_dir
         if args.name is not None:
             options["display_name"] = args.name
+        if args.resume_from is not None:
+            options["resume_from"] = args.resume_from
         options["allreduce"] = dataclasses.replace(
             config.allreduce, aggregator=Aggregator(args.aggregator, tau=args.tau)
             if args.aggregator == "centered_clip" else Aggregator(args.aggregator))

@@ -16,8 +16,13 @@ and a terminal view -- show the run over time.  Modules:
   :func:`run_state`, the document the views show (sans-IO).
 * ``_dashboard`` -- :class:`Dashboard` and :func:`serve_dashboard`: the web
   dashboard (its page and script are package data) and ``/api/state``.
+* ``_backup`` -- :class:`Backups`: copies of the run's state as atomic
+  checkpoints, every N epochs (:class:`BackupConfig`; when: :class:`BackupSchedule`).
 """
 
+from ._backup import BackupConfig as BackupConfig
+from ._backup import Backups as Backups
+from ._backup import BackupSchedule as BackupSchedule
 from ._dashboard import Dashboard as Dashboard
 from ._dashboard import serve_dashboard as serve_dashboard
 from ._follow import Glance as Glance

@@ -69,6 +69,8 @@ class Dashboard:
         self.store = store
         self.history = history or History()
         self.glance: Glance | None = None
+        #: the run's backups, shown in the state when set (``status()``)
+        self.backups: Any = None
         self._clock = clock
         self._files = {path: (_read(name), kind) for path, (name, kind) in PAGE_FILES.items()}
         self._metrics: Callable[[str], tuple[int, list[tuple[str, str]], bytes]] | None = None
@@ -85,9 +87,11 @@ class Dashboard:
 
     def state(self) -> dict[str, Any]:
         """The JSON document of ``/api/state``."""
-        return run_state(self.run_id, self.glance, self.history,
-                         self.store.leaderboard(self.run_id, limit=LEADERBOARD_ROWS),
-                         self._clock())
+        state = run_state(self.run_id, self.glance, self.history,
+                          self.store.leaderboard(self.run_id, limit=LEADERBOARD_ROWS),
+                          self._clock())
+        state["backup"] = self.backups.status() if self.backups is not None else None
+        return state
 
     def serve_metrics_of(self, node: TrioNode) -> None:
         """Answer ``/metrics`` with ``node``'s metrics too."""

@@ -5,7 +5,8 @@ samples (it gets the gossip; trainers count only trainers, so it moves no
 one's decisions; in a certificate run its ``monitor`` role makes its
 reports count for nothing), follows the run's epoch, and every
 ``interval`` seconds hands the view's reports to a :class:`Ledger` and the
-credits due to a :class:`CreditStore`.
+credits due to a :class:`CreditStore`; with ``backups``
+(:class:`~p2pdl.monitor.Backups`), it keeps copies of the run's state too.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 from libp2p.peer.id import ID
 
+from ._backup import Backups
 from ._ledger import Ledger
 from ._store import CreditStore
 
@@ -47,14 +49,17 @@ class Glance:
 async def follow_run(node: TrioNode, run_id: str, store: CreditStore, *,
                      target_batch_size: int, interval: float = DEFAULT_INTERVAL,
                      on_glance: Callable[[Glance], None] | None = None,
+                     backups: Backups | None = None,
                      task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Follow ``run_id`` and credit its contributors into ``store`` until cancelled."""
+    """Follow ``run_id`` and credit its contributors into ``store`` until
+    cancelled; with ``backups``, copy the run's state when one is due."""
     if not interval > 0:
         raise ValueError("interval must be positive")
     ledger = Ledger(run_id, target_batch_size)
     me = node.peer_id.to_bytes()
     named: dict[str, str] = store.names(run_id)   # what the store holds
-    async with node.progress.track(run_id, target_batch_size, auxiliary=True) as tracker:
+    async with node.progress.track(run_id, target_batch_size, auxiliary=True) as tracker, \
+            trio.open_nursery() as nursery:
         task_status.started()
         while True:
             progress = tracker.global_progress()
@@ -73,6 +78,8 @@ async def follow_run(node: TrioNode, run_id: str, store: CreditStore, *,
             if added:
                 logger.info("run %s: %d credit(s) at epoch %d", run_id, added,
                             progress.quorum_epoch)
+            if backups is not None:
+                backups.consider(nursery, progress.quorum_epoch, peers, trio.current_time())
             if on_glance is not None:
                 on_glance(Glance(progress, peers, added, ledger))
             await trio.sleep(interval)

@@ -12,15 +12,18 @@ Schema (version SCHEMA_VERSION), one database per monitor, any number of runs:
         epoch INTEGER NOT NULL,      -- the epoch its samples counted at
         samples INTEGER NOT NULL,    -- the credit (Ledger's rules)
         credited_at REAL NOT NULL,   -- when (wall clock, s), first credited
-        PRIMARY KEY (run_id, peer_id, epoch));
+        PRIMARY KEY (run_id, peer_id, epoch)) WITHOUT ROWID;
     CREATE TABLE names (
         run_id TEXT NOT NULL,
         peer_id TEXT NOT NULL,       -- a peer (base58)
         name TEXT NOT NULL,          -- the display name its newest signed report gave
         seen_at REAL NOT NULL,       -- when the monitor saw it (wall clock, s)
-        PRIMARY KEY (run_id, peer_id));
+        PRIMARY KEY (run_id, peer_id)) WITHOUT ROWID;
 
-A database of schema 1 (no ``names``) is upgraded in place when opened.
+(``WITHOUT ROWID``: a row is stored once, in its key's order -- half the
+bytes of a table with a separate key index.)  A database of schema 1 (no
+``names``) is upgraded in place when opened.
+
 A credit for a (run, peer, epoch) already held keeps the larger count and
 its first time: writing the same credits twice changes nothing.  Writes are
 one transaction per batch; the database is in WAL mode, so a reader (an
@@ -54,13 +57,13 @@ CREATE TABLE IF NOT EXISTS credits (
     epoch INTEGER NOT NULL,
     samples INTEGER NOT NULL,
     credited_at REAL NOT NULL,
-    PRIMARY KEY (run_id, peer_id, epoch));
+    PRIMARY KEY (run_id, peer_id, epoch)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS names (
     run_id TEXT NOT NULL,
     peer_id TEXT NOT NULL,
     name TEXT NOT NULL,
     seen_at REAL NOT NULL,
-    PRIMARY KEY (run_id, peer_id));
+    PRIMARY KEY (run_id, peer_id)) WITHOUT ROWID;
 """
 
 

@@ -92,6 +92,9 @@ function render(state) {
     $("loss").textContent = fmt(st.loss, 3);
     $("paths").textContent = state.paths.map((k) => st.paths[k]).join(" · ");
   }
+  const backup = state.backup;
+  $("backup").textContent = !backup ? "off" : backup.last_epoch === null ? "none yet"
+    : String(backup.last_epoch);
   const css = (name) => getComputedStyle(document.documentElement).getPropertyValue(name);
   chart($("chart-loss"), state.points, [{get: (p) => p.loss, color: css("--a")}]);
   chart($("chart-rate"), state.points, [{get: (p) => p.samples_per_second, color: css("--c")}]);
@@ -115,7 +118,13 @@ async function poll() {
   try {
     const answer = await fetch("api/state", {cache: "no-store"});
     if (!answer.ok) throw new Error("HTTP " + answer.status);
-    render(await answer.json());
+    const state = await answer.json();
+    render(state);
+    const root = document.documentElement;
+    if (state.status && !root.dataset.firstRenderMs) {
+      // When the page first showed the run's data (ms since navigation).
+      root.dataset.firstRenderMs = performance.now().toFixed(1);
+    }
     lastGood = Date.now();
     $("freshness").textContent = "live · updated " + new Date().toLocaleTimeString();
     $("freshness").className = "";

@@ -25,6 +25,9 @@ State sync, which the Optimizer uses to catch up, is the package
 ``p2pdl.statesync``.
 """
 
+from ._checkpoint import latest_checkpoint as latest_checkpoint
+from ._checkpoint import load_checkpoint as load_checkpoint
+from ._checkpoint import save_checkpoint as save_checkpoint
 from ._example import ExampleConfig as ExampleConfig
 from ._example import ExampleTask as ExampleTask
 from ._example import TinyTransformerLM as TinyTransformerLM
@@ -39,6 +42,7 @@ from ._rounds import PendingRound as PendingRound
 from ._rounds import RoundInfo as RoundInfo
 from ._rounds import RoundResult as RoundResult
 from ._rounds import Rounds as Rounds
+from ._state_keeping import STATE_FORMAT as STATE_FORMAT
 from ._state_keeping import CatchUp as CatchUp
 from ._state_keeping import StateKeeper as StateKeeper
 from ._strategies import DeDLOCStrategy as DeDLOCStrategy

@@ -515,13 +515,24 @@ class StateKeeper:
         self._counters["checkpoints"] += 1
 
     def resume(self) -> bool:
-        """Load the newest intact checkpoint, if any; True if one was loaded."""
-        if self.policy is None or latest_checkpoint(self.policy.directory) is None:
+        """Load the newest intact checkpoint of ``checkpoint_dir``, else of
+        ``resume_from``, if any; True if one was loaded.  A ``resume_from``
+        that holds none is a ConfigError (the user named it to start from)."""
+        if self.policy is not None and latest_checkpoint(self.policy.directory) is not None:
+            state, epoch = load_checkpoint(self.policy.directory)
+            self.load(state)
+            self._last_checkpoint = epoch
+            logger.info("run %s: resumed from the checkpoint of epoch %d", self.run_id, epoch)
+            return True
+        source = self.config.resume_from
+        if source is None:
             return False
-        state, epoch = load_checkpoint(self.policy.directory)
+        if latest_checkpoint(source) is None:
+            raise ConfigError(f"resume_from {source}: no intact checkpoint there")
+        state, epoch = load_checkpoint(source)
         self.load(state)
-        self._last_checkpoint = epoch
-        logger.info("run %s: resumed from the checkpoint of epoch %d", self.run_id, epoch)
+        logger.info("run %s: started from the checkpoint of epoch %d in %s", self.run_id,
+                    epoch, source)
         return True
 
 

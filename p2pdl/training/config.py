@@ -98,6 +98,10 @@ class OptimizerConfig:
             newest intact one is loaded.
         checkpoint_every: every this many epochs (10).
         checkpoint_keep: how many to keep (3).
+        resume_from: a directory of checkpoints (a monitor's backups,
+            ``p2pdl monitor --backup-dir``, or another peer's
+            ``checkpoint_dir``) to start from when ``checkpoint_dir`` holds
+            none: the newest intact one is loaded (None: none).
         display_name: a name this peer's progress reports carry for people
             watching the run (1 to 64 printable characters; None: none).
             Nothing counts it: it is shown beside the peer's id.
@@ -128,6 +132,7 @@ class OptimizerConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 10
     checkpoint_keep: int = 3
+    resume_from: str | None = None
     display_name: str | None = None
 
     def __post_init__(self) -> None:
@@ -170,8 +175,9 @@ class OptimizerConfig:
         check_int("check_state_every", self.check_state_every, 0, 2**31)
         check_int("checkpoint_every", self.checkpoint_every, 1, 2**31)
         check_int("checkpoint_keep", self.checkpoint_keep, 1, 1000)
-        if self.checkpoint_dir is not None:
-            object.__setattr__(self, "checkpoint_dir", str(self.checkpoint_dir))
+        for name in ("checkpoint_dir", "resume_from"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, str(getattr(self, name)))
         if self.display_name is not None:
             problem = check_info(self.display_name, None, None)
             if problem is not None:

@@ -15,14 +15,8 @@ import torch
 
 from p2pdl import CheckpointError
 from p2pdl.errors import ConfigError, P2PDLError
-from p2pdl.training import _checkpoint
-from p2pdl.training._checkpoint import (
-    MAX_KEEP,
-    CheckpointPolicy,
-    latest_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-)
+from p2pdl.training import _checkpoint, latest_checkpoint, load_checkpoint, save_checkpoint
+from p2pdl.training._checkpoint import MAX_KEEP, CheckpointPolicy
 
 pytestmark = pytest.mark.timeout(60)
 
