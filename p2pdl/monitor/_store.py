@@ -83,13 +83,15 @@ class Standing:
 class CreditStore:
     """Credits in an SQLite database at ``path`` (``":memory:"`` for none on disk).
 
-    Raises ConfigError when the file is not such a database (another
-    schema version, or not SQLite)."""
+    It may be made in one thread and used in another (a sync ``Node``'s
+    trio thread), one thread at a time.  Raises ConfigError when the file is
+    not such a database (another schema version, or not SQLite)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = str(path)
         try:
-            self._db = sqlite3.connect(self.path, isolation_level=None)
+            self._db = sqlite3.connect(self.path, isolation_level=None,
+                                       check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.executescript(_SCHEMA)
             row = self._db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
