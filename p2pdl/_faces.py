@@ -450,9 +450,10 @@ class SyncTracker:
         return self.global_progress().ready_to_step
 
     def report(self, samples_accumulated: int, epoch: int | None = None, *,
-               samples_per_second: float | None = None, loss: float | None = None) -> None:
+               samples_per_second: float | None = None, loss: float | None = None,
+               last_round: tuple[int, str, int] | None = None) -> None:
         self._on_trio(self._live_tracker().report, samples_accumulated, epoch,
-                      samples_per_second=samples_per_second, loss=loss)
+                      samples_per_second=samples_per_second, loss=loss, last_round=last_round)
 
     def update_epoch(self, epoch: int | None = None) -> int:
         return self._on_trio(self._live_tracker().update_epoch, epoch)

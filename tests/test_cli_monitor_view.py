@@ -28,6 +28,7 @@ def test_the_view_shows_epoch_throughput_peers_paths_loss_epochs_and_contributor
     assert "3 trainer(s), 1 auxiliary, 1 client(s)" in text
     assert "1 direct, 1 hole-punched, 1 relayed, 1 unsaid" in text and "loss 2.500" in text
     assert "last epochs" in text and "top contributors" in text and "peers in view" in text
+    assert "1 averaged, 1 partial" in text and "2.5" in text   # epoch 5's rounds
     assert "[bold]alice[/bold]" in text          # a name's markup is shown, not obeyed
     assert "lice0000" in text[text.index("top contributors"):]   # the peer id's tail
     assert len(PEERS) == 4

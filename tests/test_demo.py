@@ -102,10 +102,10 @@ def test_demo_trains_a_swarm_and_a_baseline_and_reports(tmp_path):
     assert "contributions (the monitor's credits from signed reports): trainer-" in printed
     assert re.search(r"dashboard at http://127\.0\.0\.1:\d+/ .*Prometheus metrics at "
                      r"http://127\.0\.0\.1:\d+/metrics", printed)
-    # What the dashboard showed at the end of the swarm's phase.
+    # What the dashboard showed last while the trainers trained.
     dashboard = report["dashboard"]
     assert dashboard["answered"] and dashboard["epoch"] >= 2, dashboard
-    assert dashboard["leaderboard"] >= 1 and dashboard["peers"] >= 3 and dashboard["points"] >= 2
+    assert dashboard["leaderboard"] >= 1 and dashboard["peers"] >= 1 and dashboard["points"] >= 2
     assert dashboard["loss"] is not None and dashboard["loss"] > 0
 
 

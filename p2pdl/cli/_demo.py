@@ -29,7 +29,7 @@ monitor (``p2pdl monitor``) credits each member with the samples its signed
 reports claim at every epoch the run completes (``credits.sqlite``,
 ``credits.json``) and serves its web dashboard, with Prometheus metrics at
 ``/metrics`` (its URL is printed; ``report.json`` keeps what the dashboard
-showed at the end of the swarm's phase).  It also starts one
+showed last while the trainers trained).  It also starts one
 **uninvited** peer: a real ``p2pdl train --auxiliary`` of the same run id
 with no certificate.  The summary says how many members refused it, from the
 members' own final statistics (their admission gate's refused requests; the
@@ -124,6 +124,8 @@ FINISH_SLACK = 60.0
 TRAINERS = 3
 #: Seconds the demo waits for the monitor's dashboard to answer.
 DASHBOARD_TIMEOUT = 10.0
+#: Seconds between two readings of the monitor's dashboard.
+DASHBOARD_INTERVAL = 5.0
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -186,7 +188,7 @@ class _Demo:
         self.solo = Phase("solo")
         self.children: Children | None = None
         self.interrupted = False
-        #: what the monitor's dashboard showed at the end of the swarm's phase
+        #: what the monitor's dashboard showed last while trainers were in its view
         self.dashboard: dict[str, Any] | None = None
         self.error: str | None = None
         self.keys: Path | None = None  # the authority, identities, certificates (temporary)
@@ -305,9 +307,21 @@ class _Demo:
                            f"mode), an auxiliary peer and an uninvited peer (no certificate)"
                            + (f", and an attacker ({a.attacker})" if a.attacker else "")
                            + "; waiting for the members to meet")
-        await self._watch(phase, START_TIMEOUT + WAIT_FOR_PEERS_TIMEOUT)
-        self.dashboard = await trio.to_thread.run_sync(_dashboard_state, monitor.dashboard_url)
+        async with trio.open_nursery() as watching:
+            watching.start_soon(self._read_dashboard, monitor.dashboard_url)
+            await self._watch(phase, START_TIMEOUT + WAIT_FOR_PEERS_TIMEOUT)
+            watching.cancel_scope.cancel()
         await children.stop(phase.children)
+
+    async def _read_dashboard(self, url: str | None) -> None:
+        """Read the monitor's dashboard every DASHBOARD_INTERVAL s while the
+        swarm trains; keep the last reading that showed trainers (their loss)."""
+        while True:
+            await trio.sleep(DASHBOARD_INTERVAL)
+            state = await trio.to_thread.run_sync(_dashboard_state, url)
+            if state is not None and (self.dashboard is None or state.get("loss") is not None
+                                      or self.dashboard.get("loss") is None):
+                self.dashboard = state
 
     async def _run_solo(self, children: Children) -> None:
         phase = self.solo

@@ -75,10 +75,12 @@ def monitor_view(state: dict[str, Any], top: int = 5) -> Any:
         Text(""))
 
     epochs = Table(title="last epochs", title_justify="left", expand=False)
-    for name in ("epoch", "took", "trainers"):
+    for name in ("epoch", "took", "trainers", "rounds", "group"):
         epochs.add_column(name, justify="right")
     for end in state["epochs"][:LAST_EPOCHS]:
-        epochs.add_row(str(end["epoch"]), _seconds(end["seconds"]), str(end["trainers"]))
+        rounds = ", ".join(f"{n} {kind}" for kind, n in end["outcomes"].items()) or "-"
+        epochs.add_row(str(end["epoch"]), _seconds(end["seconds"]), str(end["trainers"]),
+                       rounds, _number(end["group"]))
 
     board = Table(title="top contributors", title_justify="left", expand=False)
     for name, justify in (("#", "right"), ("name", "left"), ("samples", "right"),

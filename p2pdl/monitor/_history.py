@@ -9,7 +9,11 @@ run's progress view) and keeps
   any length keeps its whole shape in bounded memory;
 * **epochs**: the last MAX_EPOCHS epochs the run completed (the quorum
   epoch passed them), with when, how long each took and how many trainers
-  were in view.
+  were in view;
+* **rounds**: how each trainer's averaging round at those epochs ended
+  (``averaged``, ``partial``, ``alone``, ``failed``) and its group's size,
+  as the trainers' reports say (their word: a trainer that does not say
+  is not counted).
 
 :func:`run_state` turns a glance, the history and the leaderboard into the
 JSON document the dashboard reads (``/api/state``) and the terminal view
@@ -25,6 +29,8 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from libp2p.peer.id import ID
+
+from ..progress import ROUND_OUTCOMES
 
 if TYPE_CHECKING:
     from ._follow import Glance
@@ -84,11 +90,29 @@ class History:
         self.epochs: deque[EpochEnd] = deque(maxlen=max_epochs)
         self._quorum: int | None = None
         self._last_end: float | None = None
+        #: round epoch -> peer -> (outcome, group size), the last MAX_EPOCHS epochs
+        self.rounds: dict[int, dict[bytes, tuple[str, int | None]]] = {}
+
+    def round_summary(self, epoch: int) -> dict[str, Any]:
+        """How the trainers said their rounds at ``epoch`` ended: a count per
+        outcome and the mean group size (None: no group size said)."""
+        said = list(self.rounds.get(epoch, {}).values())
+        groups = [g for _, g in said if g is not None]
+        return {"outcomes": {kind: n for kind in ROUND_OUTCOMES
+                             if (n := sum(1 for o, _ in said if o == kind))},
+                "group": math.fsum(groups) / len(groups) if groups else None}
 
     def observe(self, glance: Glance, now: float) -> None:
         """Take one look at the run."""
         view = glance.progress
         trainers = [r for r in glance.peers if not r.auxiliary]
+        for r in trainers:
+            if r.round_epoch is not None and r.round_outcome is not None:
+                self.rounds.setdefault(r.round_epoch, {})[r.peer_id] = (r.round_outcome,
+                                                                        r.round_group)
+        if len(self.rounds) > self.epochs.maxlen:
+            for epoch in sorted(self.rounds)[:len(self.rounds) - self.epochs.maxlen]:
+                del self.rounds[epoch]
         if self._quorum is not None and view.quorum_epoch > self._quorum:
             for epoch in range(max(self._quorum, view.quorum_epoch - self.epochs.maxlen),
                                view.quorum_epoch):
@@ -125,7 +149,8 @@ def run_state(run_id: str, glance: Glance | None, history: History,
     ``peers_shown``, trainers first by samples), its history and leaderboard."""
     state: dict[str, Any] = {"run_id": run_id, "time": now, "status": None, "peers": [],
                              "points": [dataclasses.asdict(p) for p in history.points],
-                             "epochs": [dataclasses.asdict(e) for e in reversed(history.epochs)],
+                             "epochs": [{**dataclasses.asdict(e), **history.round_summary(e.epoch)}
+                                        for e in reversed(history.epochs)],
                              "leaderboard": [dataclasses.asdict(s) for s in board],
                              "paths": list(PATHS)}
     if glance is None:

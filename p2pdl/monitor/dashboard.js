@@ -106,7 +106,9 @@ function render(state) {
     [short(s.peer_id), "id"]]), 5, "no credits yet");
   fill($("epochs"), state.epochs.slice(0, 12).map((e) => [
     [String(e.epoch)], [duration(e.seconds)], [String(e.trainers)],
-    [new Date(e.time * 1000).toLocaleTimeString()]]), 4, "none completed yet");
+    [Object.entries(e.outcomes).map(([k, n]) => n + " " + k).join(", ") || "–"],
+    [fmt(e.group, 1)], [new Date(e.time * 1000).toLocaleTimeString()]]), 6,
+    "none completed yet");
   fill($("peer-table"), state.peers.map((p) => [
     [p.name || "–"], [p.role], [String(p.epoch)], [fmt(p.samples, 0)],
     [fmt(p.samples_per_second, 1)], [fmt(p.loss, 3)], [p.path || "?"],

@@ -27,6 +27,7 @@ from ._gossip import TrackerStatistics as TrackerStatistics
 from ._messages import PATH_KINDS as PATH_KINDS
 from ._messages import PROGRESS_PROTOCOL as PROGRESS_PROTOCOL
 from ._messages import PROGRESS_PROTOCOL_ID as PROGRESS_PROTOCOL_ID
+from ._messages import ROUND_OUTCOMES as ROUND_OUTCOMES
 from ._messages import Report as Report
 from ._messages import ReportInfo as ReportInfo
 from ._messages import SnapshotEntry as SnapshotEntry

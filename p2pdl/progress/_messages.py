@@ -30,12 +30,14 @@ from libp2p.crypto.keys import PrivateKey
 from libp2p.peer.id import ID
 
 from ..service import RunId
-from ..wire import MaxLen, Message, RpcProtocol
+from ..wire import MaxLen, Message, Range, RpcProtocol
 from .config import (
     MAX_ADDR_LENGTH,
     MAX_ADDRS,
+    MAX_COUNT,
     MAX_CREDENTIAL_SIZE,
     MAX_DIGEST,
+    MAX_GROUP,
     MAX_NAME_LENGTH,
     MAX_PEER_ID_SIZE,
     MAX_REPORTS,
@@ -43,7 +45,7 @@ from .config import (
 )
 
 __all__ = ["PROGRESS_PROTOCOL_ID", "PROGRESS_PROTOCOL", "Report", "ReportInfo", "PATH_KINDS",
-           "Push", "Reports", "DigestEntry", "SnapshotEntry", "SIGNATURE_DOMAIN",
+           "ROUND_OUTCOMES", "Push", "Reports", "DigestEntry", "SnapshotEntry", "SIGNATURE_DOMAIN",
            "SIGNATURE_DOMAIN_INFO", "signing_payload", "sign_report", "verify_report"]
 
 PROGRESS_PROTOCOL_ID = "/p2pdl/progress/1.0.0"
@@ -51,6 +53,8 @@ SIGNATURE_DOMAIN = "p2pdl/progress/report/1"
 SIGNATURE_DOMAIN_INFO = "p2pdl/progress/report-info/1"
 #: How a peer is reached (:attr:`ReportInfo.path`).
 PATH_KINDS = ("direct", "hole-punched", "relayed")
+#: How a peer's last averaging round ended (:attr:`ReportInfo.round_outcome`).
+ROUND_OUTCOMES = ("averaged", "partial", "alone", "failed")
 
 PeerBytes = Annotated[bytes, MaxLen(MAX_PEER_ID_SIZE)]
 
@@ -61,11 +65,16 @@ class ReportInfo(Message, tag="progress.info"):
     most MAX_NAME_LENGTH characters), its recent training ``loss`` and its
     ``path``: ``relayed`` when one of its connections runs through a relay,
     else ``hole-punched`` when one was opened by hole punching, else
-    ``direct``.  Nothing in it counts for training: it is the peer's word."""
+    ``direct``; and its last averaging round: its epoch, how it ended
+    (``averaged``, ``partial``, ``alone``, ``failed``) and the group's size.
+    Nothing in it counts for training: it is the peer's word."""
 
     name: Annotated[str, MaxLen(MAX_NAME_LENGTH)] | None = None
     loss: float | None = None
     path: Literal["direct", "hole-punched", "relayed"] | None = None
+    round_epoch: Annotated[int, Range(0, MAX_COUNT)] | None = None
+    round_outcome: Literal["averaged", "partial", "alone", "failed"] | None = None
+    round_group: Annotated[int, Range(0, MAX_GROUP)] | None = None
 
 
 class Report(Message, tag="progress.report"):
@@ -128,7 +137,8 @@ def signing_payload(run_id: str, peer_id: bytes, epoch: int, samples_accumulated
     if info is None:
         return msgpack.packb([SIGNATURE_DOMAIN, *fields], use_bin_type=True)
     loss = None if info.loss is None else float(info.loss)
-    return msgpack.packb([SIGNATURE_DOMAIN_INFO, *fields, info.name, loss, info.path],
+    return msgpack.packb([SIGNATURE_DOMAIN_INFO, *fields, info.name, loss, info.path,
+                          info.round_epoch, info.round_outcome, info.round_group],
                          use_bin_type=True)
 
 

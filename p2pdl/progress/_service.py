@@ -69,9 +69,10 @@ from ._state import (
     RateEMA,
     Verdict,
     check_info,
+    check_last_round,
+    check_loss,
     info_of,
     path_kind,
-    publishable_rate,
 )
 from .config import (
     MAX_ADDRS,
@@ -276,6 +277,7 @@ class ProgressTracker:
         self._rate_override: float | None = None
         self.name = name
         self._loss: float | None = None
+        self._last_round: tuple[int, str, int] | None = None
         self._own: Report | None = None
         self._own_by_epoch: dict[int, Report] = {}   # the two latest epochs' last own reports
         self._pending: dict[bytes, bool] = {}     # peer -> a push is due (with a reply wanted)
@@ -339,13 +341,16 @@ class ProgressTracker:
         return self._loss
 
     def report(self, samples_accumulated: int, epoch: int | None = None, *,
-               samples_per_second: float | None = None, loss: float | None = None) -> None:
+               samples_per_second: float | None = None, loss: float | None = None,
+               last_round: tuple[int, str, int] | None = None) -> None:
         """Say that this peer has ``samples_accumulated`` samples towards ``epoch``.
 
         ``epoch`` defaults to the current local epoch.  The rate is measured
         from successive calls (an EMA) unless ``samples_per_second`` is
-        given.  ``loss``: this peer's recent training loss, which its
-        reports carry from now on for people watching (nothing counts it).
+        given.  ``loss``: this peer's recent training loss, and
+        ``last_round``: its last averaging round (epoch, outcome -- one of
+        ``ROUND_OUTCOMES`` -- and group size), which its reports carry from
+        now on for people watching (nothing counts them).
         Publishing follows the publish policy; this never blocks.
         Raises :class:`LocalProtocolError` for negative or non-integer values,
         an epoch going back, samples from an auxiliary peer, or a loss that
@@ -366,10 +371,9 @@ class ProgressTracker:
                                          f"{self.config.max_samples_per_second:g}]")
             self._rate_override = float(samples_per_second)
         if loss is not None:
-            if isinstance(loss, bool) or not isinstance(loss, (int, float)) \
-                    or not math.isfinite(loss):
-                raise LocalProtocolError(f"loss must be a finite number, got {loss!r}")
-            self._loss = float(loss)
+            self._loss = check_loss(loss)
+        if last_round is not None:
+            self._last_round = check_last_round(last_round)
         now = self._clock()
         if epoch == self._epoch and samples_accumulated >= self._samples:
             self._ema.update(samples_accumulated - self._samples, now)
@@ -395,9 +399,10 @@ class ProgressTracker:
         rate = self._rate_override if self._rate_override is not None else self._ema.rate
         client = self.client_mode
         return PeerReport(self._peer_id.to_bytes(), self._epoch, self._samples,
-                          0.0 if self.auxiliary else publishable_rate(rate, self.config, client),
+                          0.0 if self.auxiliary else rate,
                           now, client, self.auxiliary, self.name, self._loss,
-                          path_kind(self._host.paths().values()))
+                          path_kind(self._host.paths().values()),
+                          *(self._last_round or (None, None, None)))
 
     def _set_local(self, now: float) -> PeerReport:
         local = self._local_report(now)

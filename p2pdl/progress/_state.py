@@ -48,17 +48,18 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from ..errors import LocalProtocolError
 from ..service import MembershipView, Role
-from ._messages import PATH_KINDS, Report, ReportInfo, verify_report
-from .config import MAX_COUNT, MAX_NAME_LENGTH, ProgressConfig
+from ._messages import PATH_KINDS, ROUND_OUTCOMES, Report, ReportInfo, verify_report
+from .config import MAX_COUNT, MAX_GROUP, MAX_NAME_LENGTH, ProgressConfig
 
 if TYPE_CHECKING:
     from libp2p.peer.id import ID
 
 __all__ = ["GlobalProgress", "ProgressView", "PublishPolicy", "RateEMA", "PeerReport",
            "Screened", "Verdict", "check_info", "check_report_values", "check_role_caps",
-           "info_of", "path_kind", "publishable_rate", "quorum_epoch", "screen_report",
-           "to_peer_report"]
+           "check_last_round", "check_loss", "info_of", "path_kind",
+           "quorum_epoch", "screen_report", "to_peer_report"]
 
 
 class Verdict(enum.Enum):
@@ -90,6 +91,10 @@ class PeerReport:
     name: str | None = None
     loss: float | None = None
     path: str | None = None
+    #: its last averaging round: epoch, outcome, group size (None: not said)
+    round_epoch: int | None = None
+    round_outcome: str | None = None
+    round_group: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +137,13 @@ def check_report_values(report: PeerReport, now: float, config: ProgressConfig) 
         return f"samples_per_second {sps} outside [0, {config.max_samples_per_second:g}]"
     if not math.isfinite(report.time) or report.time > now + config.max_clock_skew:
         return f"time {report.time:.3f} is more than {config.max_clock_skew:g} s ahead"
-    return check_info(report.name, report.loss, report.path)
+    problem = check_info(report.name, report.loss, report.path)
+    if problem is None and report.round_outcome is not None \
+            and report.round_outcome not in ROUND_OUTCOMES:
+        problem = f"its round outcome {report.round_outcome!r} is unknown"
+    if problem is None and report.round_epoch is not None and report.round_epoch > report.epoch:
+        problem = f"its last round (epoch {report.round_epoch}) is ahead of its epoch"
+    return problem
 
 
 def check_info(name: str | None, loss: float | None, path: str | None) -> str | None:
@@ -154,8 +165,9 @@ def to_peer_report(report: Report) -> PeerReport:
     info = report.info
     return PeerReport(report.peer_id, report.epoch, report.samples_accumulated,
                       report.samples_per_second, report.time, report.client_mode,
-                      report.auxiliary, *((None, None, None) if info is None
-                                          else (info.name, info.loss, info.path)))
+                      report.auxiliary, *((None,) * 6 if info is None else (
+                          info.name, info.loss, info.path, info.round_epoch, info.round_outcome,
+                          info.round_group)))
 
 
 def path_kind(paths: Iterable[str]) -> str | None:
@@ -168,22 +180,36 @@ def path_kind(paths: Iterable[str]) -> str | None:
     return None
 
 
-def publishable_rate(rate: float, config: ProgressConfig, client_mode: bool) -> float:
-    """``rate`` within the bounds receivers check (``max_samples_per_second``
-    and the role's cap): a burst measured over a few microseconds (two
-    reports in a row) would otherwise make every receiver drop the peer's
-    reports as absurd until its next one."""
-    cap = config.max_client_samples_per_second if client_mode \
-        else config.max_trainer_samples_per_second
-    return min(rate, config.max_samples_per_second, cap)
+def check_loss(loss: object) -> float:
+    """``loss`` as a float; LocalProtocolError unless it is a finite number."""
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
+        raise LocalProtocolError(f"loss must be a finite number, got {loss!r}")
+    return float(loss)
+
+
+def check_last_round(last_round: object) -> tuple[int, str, int]:
+    """``last_round`` as (epoch, outcome, group size); LocalProtocolError
+    unless it is one (an outcome of ROUND_OUTCOMES, counts within bounds)."""
+    ok = isinstance(last_round, tuple) and len(last_round) == 3
+    if ok:
+        epoch, outcome, group = last_round
+        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, group)) \
+            and 0 <= epoch <= MAX_COUNT and 0 <= group <= MAX_GROUP \
+            and outcome in ROUND_OUTCOMES
+    if not ok:
+        raise LocalProtocolError(f"last_round must be (epoch, one of {ROUND_OUTCOMES}, group "
+                                 f"size), got {last_round!r}")
+    return last_round   # type: ignore[return-value]
 
 
 def info_of(report: PeerReport) -> ReportInfo | None:
     """The ``ReportInfo`` a report of ``report``'s content carries (None when
     it says nothing of itself)."""
-    if report.name is None and report.loss is None and report.path is None:
+    fields = (report.name, report.loss, report.path, report.round_epoch, report.round_outcome,
+              report.round_group)
+    if all(field is None for field in fields):
         return None
-    return ReportInfo(report.name, report.loss, report.path)
+    return ReportInfo(*fields)
 
 
 @dataclasses.dataclass(frozen=True)

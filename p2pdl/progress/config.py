@@ -22,6 +22,8 @@ MAX_COUNT = 2**53
 MAX_CREDENTIAL_SIZE = 2048
 #: Characters of a report's display name (``ReportInfo.name``).
 MAX_NAME_LENGTH = 64
+#: Largest group size a report's info may give (``ReportInfo.round_group``).
+MAX_GROUP = 65536
 
 #: DHT key prefix of the snapshots: ``p2pdl/progress/<run id>``, one signed
 #: subkey per peer.

@@ -33,7 +33,8 @@ class TrainingTracker(Protocol):
     """A progress tracker of one run, as ``node.progress.track(...)`` returns it."""
 
     def report(self, samples_accumulated: int, epoch: int | None = None, *,
-               samples_per_second: float | None = None, loss: float | None = None) -> None: ...
+               samples_per_second: float | None = None, loss: float | None = None,
+               last_round: tuple[int, str, int] | None = None) -> None: ...
 
     def update_epoch(self, epoch: int | None = None) -> int: ...
 

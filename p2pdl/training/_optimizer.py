@@ -321,10 +321,13 @@ class Optimizer(torch.optim.Optimizer):
             # next epoch now would tell the peers that have not joined yet
             # that they are behind, and they would download state instead.
             return stepped
-        if self._loss is None:
-            self._tracker.report(self._samples, keeper.epoch)
-        else:
-            self._tracker.report(self._samples, keeper.epoch, loss=self._loss)
+        said: dict[str, Any] = {}   # what the reports say of this peer for people
+        if self._loss is not None:
+            said["loss"] = self._loss
+        if self.rounds.history:
+            last = self.rounds.history[-1]
+            said["last_round"] = (last.epoch, last.outcome, last.group_size)
+        self._tracker.report(self._samples, keeper.epoch, **said)
         progress = self._tracker.global_progress()
         self.rounds.observe(progress)
         if progress.epoch > keeper.epoch or not progress.ready_to_step:

@@ -27,10 +27,13 @@ def glance(now: float, epoch: int, quorum: int, *, losses=(2.0, 3.0), rate=100.0
                           target_batch_size=1000, num_peers=4, num_clients=1, num_auxiliary=1,
                           samples_per_second=rate, eta_next_epoch=now + 7, ready_to_step=False,
                           time=now, quorum_epoch=quorum)
+    last = max(0, epoch - 1)
     peers = (PeerReport(PEERS[0], epoch, 200, 60.0, now - 1, name="alice", loss=losses[0],
-                        path="direct"),
+                        path="direct", round_epoch=last, round_outcome="averaged",
+                        round_group=3),
              PeerReport(PEERS[1], epoch, 100, 40.0, now - 2, client_mode=True, loss=losses[1],
-                        path="relayed"),
+                        path="relayed", round_epoch=last, round_outcome="partial",
+                        round_group=2),
              PeerReport(PEERS[2], epoch, 0, 0.0, now - 1, auxiliary=True, path="hole-punched"),
              PeerReport(PEERS[3], epoch, 0, 0.0, now - 3))
     return Glance(view, peers, 0, None)
@@ -47,6 +50,10 @@ def test_points_and_epochs_follow_the_run():
     assert (first.trainers, first.auxiliary, first.clients, first.loss) == (3, 1, 1, 2.5)
     assert first.paths == (1, 1, 1, 1)                  # direct, punched, relayed, unsaid
     assert [(e.epoch, e.seconds) for e in history.epochs] == [(3, None), (4, 7.0), (5, 0.0)]
+    # the trainers' rounds, as they said them: at epoch 5, one averaged, one partial
+    assert history.round_summary(5) == {"outcomes": {"averaged": 1, "partial": 1},
+                                        "group": 2.5}
+    assert history.round_summary(4) == {"outcomes": {}, "group": None}   # nobody said
 
 
 def test_points_are_thinned_and_epochs_bounded_so_a_long_run_stays_small():
@@ -57,6 +64,7 @@ def test_points_are_thinned_and_epochs_bounded_so_a_long_run_stays_small():
     assert history.points[0].time == 0.0                                # the whole run
     assert history.points[-1].time >= 999 - history.spacing
     assert len(history.epochs) == MAX_EPOCHS and history.epochs[-1].epoch == 998
+    assert len(history.rounds) <= MAX_EPOCHS
 
 
 def test_the_state_is_json_with_the_peers_trainers_first():
@@ -73,5 +81,6 @@ def test_the_state_is_json_with_the_peers_trainers_first():
     assert [p["role"] for p in state["peers"]] == ["trainer", "trainer", "trainer", "auxiliary"]
     assert state["peers"][0]["name"] == "alice" and state["peers"][0]["age"] == 2.0
     assert state["leaderboard"][0]["name"] == "alice"
+    assert state["epochs"] == []
     empty = run_state(RUN, None, History(), [], 1.0)
     assert empty["status"] is None and empty["peers"] == [] and empty["points"] == []

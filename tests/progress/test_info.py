@@ -41,14 +41,17 @@ def signed(info: ReportInfo | None, **fields) -> Report:
 
 
 def test_the_info_is_signed_with_the_report():
-    info = ReportInfo("alice's laptop", 2.25, "hole-punched")
+    info = ReportInfo("alice's laptop", 2.25, "hole-punched", 2, "averaged", 4)
     report = signed(info)
     assert verify_report(report) is not None
     assert verify_report(dataclasses.replace(report, info=None)) is None          # stripped
-    for forged in (ReportInfo("mallory", 2.25, "hole-punched"),
-                   ReportInfo("alice's laptop", 0.5, "hole-punched"),
-                   ReportInfo("alice's laptop", 2.25, "direct"),
-                   ReportInfo("alice's laptop", 2.25, None)):
+    for forged in (ReportInfo("mallory", 2.25, "hole-punched", 2, "averaged", 4),
+                   ReportInfo("alice's laptop", 0.5, "hole-punched", 2, "averaged", 4),
+                   ReportInfo("alice's laptop", 2.25, "direct", 2, "averaged", 4),
+                   ReportInfo("alice's laptop", 2.25, None, 2, "averaged", 4),
+                   ReportInfo("alice's laptop", 2.25, "hole-punched", 1, "averaged", 4),
+                   ReportInfo("alice's laptop", 2.25, "hole-punched", 2, "failed", 4),
+                   ReportInfo("alice's laptop", 2.25, "hole-punched", 2, "averaged", 8)):
         assert verify_report(dataclasses.replace(report, info=forged)) is None, forged
     plain = signed(None)
     assert verify_report(plain) is not None
@@ -85,6 +88,16 @@ def test_an_absurd_info_is_dropped(name, loss, path):
     assert check_report_values(kept, kept.time, ProgressConfig()) is not None
 
 
+def test_a_round_ahead_of_the_report_or_of_no_known_outcome_is_dropped():
+    config = ProgressConfig()
+    base = to_peer_report(signed(None))                  # epoch 3
+    ok = dataclasses.replace(base, round_epoch=3, round_outcome="partial", round_group=5)
+    assert check_report_values(ok, ok.time, config) is None
+    for bad in (dataclasses.replace(ok, round_epoch=4),
+                dataclasses.replace(ok, round_outcome="won")):
+        assert check_report_values(bad, bad.time, config) is not None
+
+
 def test_every_path_kind_and_a_long_unicode_name_pass():
     for kind in PATH_KINDS:
         assert check_info(None, None, kind) is None
@@ -112,7 +125,7 @@ async def test_a_tracker_reports_its_name_loss_and_path():
         await wait_for_dht(nodes)
         async with nodes[0].progress.track(RUN, 1000, name="alice") as alice, \
                 nodes[1].progress.track(RUN, 1000) as bob:
-            alice.report(10, loss=2.5)
+            alice.report(10, loss=2.5, last_round=(0, "alone", 1))
             alice.publish_now()
             me = nodes[0].peer_id.to_bytes()
 
@@ -122,30 +135,20 @@ async def test_a_tracker_reports_its_name_loss_and_path():
             await wait_until(lambda: seen() is not None and seen().loss == 2.5, 30, step=0.05)
             report = seen()
             assert (report.name, report.loss, report.path) == ("alice", 2.5, "direct")
+            assert (report.round_epoch, report.round_outcome, report.round_group) == \
+                (0, "alone", 1)
             assert alice.loss == 2.5 and alice.name == "alice"
             # bob said nothing of itself: alice sees no name and no loss.
+            await wait_until(lambda: any(r.peer_id != me for r in alice.peers()), 30,
+                             step=0.05)
             theirs = next(r for r in alice.peers() if r.peer_id != me)
             assert (theirs.name, theirs.loss) == (None, None)
             with pytest.raises(LocalProtocolError):
                 alice.report(20, loss=math.nan)
+            for bad in ((0, "won", 1), (0, "averaged", -1), [0, "averaged", 2], (0, "x")):
+                with pytest.raises(LocalProtocolError, match="last_round"):
+                    alice.report(20, last_round=bad)
         with pytest.raises(ConfigError):
             async with nodes[0].progress.track(RUN, 1000, name="bad\x07name"):
                 pass
 
-
-async def test_a_burst_of_reports_never_publishes_a_rate_receivers_drop():
-    # Two reports microseconds apart measure an absurd rate; the tracker
-    # publishes at most its bounds, so the others keep accepting its reports.
-    config = ProgressConfig(max_trainer_samples_per_second=1000.0)
-    async with open_memory_nodes(2, network=MemoryNetwork(latency=0.005)) as nodes:
-        await wait_for_dht(nodes)
-        async with nodes[0].progress.track(RUN, 1000, config=config) as burst, \
-                nodes[1].progress.track(RUN, 1000, config=config) as other:
-            burst.report(0, 1)
-            burst.report(50, 1)
-            burst.publish_now()
-            assert burst.own_report(1).samples_per_second <= 1000.0
-            me = nodes[0].peer_id.to_bytes()
-            await wait_until(lambda: any(r.peer_id == me and r.samples_accumulated == 50
-                                         for r in other.peers()), 30, step=0.05)
-            assert other.statistics()["dropped_absurd"] == 0

@@ -66,10 +66,14 @@ class FakeTracker:
     closed: bool = False
     published: int = 0
     losses: list[float] = dataclasses.field(default_factory=list)
+    rounds: list[tuple[int, str, int]] = dataclasses.field(default_factory=list)
 
     def report(self, samples_accumulated: int, epoch: int | None = None, *,
-               samples_per_second: float | None = None, loss: float | None = None) -> None:
+               samples_per_second: float | None = None, loss: float | None = None,
+               last_round: tuple[int, str, int] | None = None) -> None:
         self.reported.append((samples_accumulated, epoch))
+        if last_round is not None:
+            self.rounds.append(last_round)
         if loss is not None:
             self.losses.append(loss)
 

@@ -152,6 +152,7 @@ def test_the_loss_and_display_name_reach_the_progress_reports():
         opt.step(loss=float("nan"))      # not finite: the last loss stays
         opt.step(loss=1.25)
         assert node.tracker.losses == [2.5, 2.5, 1.25]
+        assert node.tracker.rounds == []                  # no round yet: none said
         for bad in (torch.ones(2), "low"):
             with pytest.raises(ConfigError, match="step\\(loss=...\\)"):
                 opt.step(loss=bad)
