@@ -86,8 +86,11 @@ async def test_the_page_in_headless_chromium_shows_the_live_run(tmp_path):
                 follow_run, monitor, RUN, store, target_batch_size=100, interval=0.1,
                 on_glance=dashboard.observe))
             for epoch in range(3):   # three epochs complete: credits, points, epochs
-                ta.report(60, epoch, loss=3.0 - epoch / 2, samples_per_second=30.0 + epoch)
-                tb.report(50, epoch, loss=3.5 - epoch / 2, samples_per_second=25.0 - epoch)
+                said = {"last_round": (epoch - 1, "averaged", 2)} if epoch else {}
+                ta.report(60, epoch, loss=3.0 - epoch / 2, samples_per_second=30.0 + epoch,
+                          **said)
+                tb.report(50, epoch, loss=3.5 - epoch / 2, samples_per_second=25.0 - epoch,
+                          **said)
                 await wait_until(lambda e=epoch: dashboard.glance is not None
                                  and len(dashboard.glance.peers) == 2
                                  and all(p.epoch == e and p.samples_accumulated
@@ -95,7 +98,8 @@ async def test_the_page_in_headless_chromium_shows_the_live_run(tmp_path):
                 await trio.sleep(2.1)   # a point per epoch (the history's spacing)
                 ta.update_epoch(epoch + 1)
                 tb.update_epoch(epoch + 1)
-            ta.report(30, 3, loss=1.25)
+            ta.report(30, 3, loss=1.25, last_round=(2, "averaged", 2))
+            tb.report(0, 3, last_round=(2, "partial", 2))
             await wait_until(lambda: len(store.leaderboard(RUN)) == 2
                              and dashboard.state()["status"]["epoch"] == 3, 30, step=0.05)
             url = f"http://{host}:{port}/"
@@ -130,6 +134,9 @@ async def test_the_page_in_headless_chromium_shows_the_live_run(tmp_path):
     assert "alice" in board and "&lt;b&gt;mallory&lt;/b&gt;" in board, board
     assert "<b>mallory</b>" not in dom                    # shown as text, never as markup
     assert 'id="loss">1.' in dom and "live · updated" in dom
+    epochs = dom[dom.index('id="epochs"'):]
+    epochs = epochs[:epochs.index("</tbody>")]
+    assert "1 averaged, 1 partial" in epochs and "2 averaged" in epochs, epochs
     assert dom.count("<path") >= 3                        # the charts drew their lines
     for name in ("dashboard-phone.png", "dashboard-desktop.png"):
         png = (shots / name).read_bytes()
