@@ -89,10 +89,13 @@ LIVE_INTERVAL = 1.0
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """Add ``p2pdl monitor`` to the ``p2pdl`` parser's subcommands."""
     p = sub.add_parser(
-        "monitor", help="follow a run and credit its contributors (leaderboard, exports)",
+        "monitor", help="follow a run and credit its contributors (leaderboard, exports, "
+                        "a live view and web dashboard, backups of the model)",
         description="Follow a run's progress without training, credit each peer with the "
                     "samples its own signed reports claim at every epoch the run completes, "
-                    "keep the credits in SQLite, and print status lines and a leaderboard.")
+                    "keep the credits in SQLite, show the run (a live terminal view or status "
+                    "lines; a web dashboard with --http), keep copies of its state "
+                    "(--backup-dir), and print a leaderboard at the end.")
     p.add_argument("--run-id", required=True, type=run_id_text, metavar="R",
                    help="the run to follow")
     add_listen(p)
