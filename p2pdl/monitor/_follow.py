@@ -26,7 +26,7 @@ from ._store import CreditStore
 if TYPE_CHECKING:
     from .. import TrioNode
 
-__all__ = ["follow_run", "Glance", "DEFAULT_INTERVAL"]
+__all__ = ["follow_run", "Glance", "DEFAULT_INTERVAL", "peer_name"]
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +66,12 @@ async def follow_run(node: TrioNode, run_id: str, store: CreditStore, *,
             if progress.epoch > tracker.local_epoch:
                 tracker.update_epoch(progress.epoch)   # follow the run
             peers = tuple(r for r in tracker.peers() if r.peer_id != me)
-            credits = ledger.observe(((_name(r.peer_id), r.epoch, r.samples_accumulated,
+            credits = ledger.observe(((peer_name(r.peer_id), r.epoch, r.samples_accumulated,
                                        r.auxiliary) for r in peers),
                                      progress.quorum_epoch, node.dht.now())
             added = store.add(credits)
             names = {peer: r.name for r in peers
-                     if r.name is not None and named.get(peer := _name(r.peer_id)) != r.name}
+                     if r.name is not None and named.get(peer := peer_name(r.peer_id)) != r.name}
             if names:
                 store.set_names(run_id, names, node.dht.now())
                 named.update(names)
@@ -85,7 +85,8 @@ async def follow_run(node: TrioNode, run_id: str, store: CreditStore, *,
             await trio.sleep(interval)
 
 
-def _name(peer_id: bytes) -> str:
+def peer_name(peer_id: bytes) -> str:
+    """A report's peer id as shown (base58)."""
     try:
         return ID(peer_id).to_base58()
     except Exception:   # the view holds checked ids; defensive

@@ -28,9 +28,8 @@ import math
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from libp2p.peer.id import ID
-
 from ..progress import ROUND_OUTCOMES
+from ._follow import peer_name
 
 if TYPE_CHECKING:
     from ._follow import Glance
@@ -133,14 +132,6 @@ class History:
         if len(self.points) >= self.max_points:
             self.points = self.points[::2]
             self.spacing *= 2
-
-
-def peer_name(peer_id: bytes) -> str:
-    """A report's peer id as shown (base58)."""
-    try:
-        return ID(peer_id).to_base58()
-    except Exception:   # the view holds checked ids; defensive
-        return peer_id.hex()
 
 
 def run_state(run_id: str, glance: Glance | None, history: History,
