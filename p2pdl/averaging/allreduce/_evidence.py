@@ -44,6 +44,7 @@ from ._verify import (
     SKETCH_BUCKETS,
     ChunkClaim,
     Report,
+    SketchPlan,
     contributor_report,
     deviates,
     sketch_bound,
@@ -230,14 +231,14 @@ class ReducerEvidence:
         return [(c, len(payloads), chunks_digest(chunks))
                 for c, (chunks, _, payloads) in sorted(self.committed.items())]
 
-    def true_report(self, contributor: int, plan: torch.Tensor) -> Report:
+    def true_report(self, contributor: int, plan: SketchPlan) -> Report:
         """What ``contributor`` should report for ``plan``, from its committed chunks."""
         payloads = self.committed[contributor][2]
         values = decode_chunks(self.layout, self.part, payloads)
         return contributor_report(self.layout, self.part, values, self.result, self.claims,
                                   contributor, plan)
 
-    def disputed(self, verifier: int, plan: torch.Tensor,
+    def disputed(self, verifier: int, plan: SketchPlan,
                  reports: Mapping[int, Report | None]) -> list[int]:
         """The contributors to show a verifier whose ``plan`` (from its nonce)
         and ``reports`` (as it heard them; None or absent: none, or a lie on

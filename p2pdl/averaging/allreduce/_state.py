@@ -44,8 +44,9 @@ __all__ = ["ChunkSpec", "Layout", "RejectError", "Contribution", "PartResult", "
            "check_have_parts"]
 
 #: Version of the layout rules; part of the digest.  2: chunk and result
-#: digests are BLAKE3 (1: SHA-256), so members of either never share a group.
-LAYOUT_VERSION = 3
+#: digests are BLAKE3 (1: SHA-256), so members of either never share a group;
+#: 3: commitments bind the layout; 4: sketch plans by rows.
+LAYOUT_VERSION = 4
 #: The error of the parts an auxiliary member does not reduce (it gets no averages).
 AUXILIARY_NO_RESULT = "auxiliary peers receive no results"
 

@@ -16,10 +16,14 @@ values of a chunk as the reducer decoded them, the result ``v`` satisfies
 Nobody but the reducer holds every ``x_j``, but each contributor holds its
 own, so each reports a **sketch** of its own terms: ``s_j = sum_k p_jk S(t_jk)``
 over the part's chunks ``k`` (``t_jk`` its term in chunk ``k``), where ``S``
-is a count sketch -- value ``i`` of the part is added, with a sign ``+-1``,
-into one of SKETCH_BUCKETS buckets, both drawn from the verifying member's
-**nonce** (:func:`sketch_plan`: AES-128-CTR keyed by SHAKE-256, the same on
-every machine).  The
+is a sketch in the manner of a count sketch -- value ``i`` of the part is
+added, with a sign ``+-1``, into one of SKETCH_BUCKETS buckets, drawn from
+the verifying member's **nonce** (:func:`sketch_plan`: AES-128-CTR keyed by
+SHAKE-256, the same on every machine).  The values lie in rows of
+SKETCH_BUCKETS: a row's values go to the buckets shifted by the row's own
+random shift, each with its row's random sign times its column's, so whole
+rows are summed at once (``index_add_``) and yet every value has its own
+sign.  The
 nonce is revealed only after every result was received and every
 contributor's values were fixed, so neither the reducer nor a contributor
 can aim at the sketch.  ``S`` is linear, so an honest reducer's
@@ -63,7 +67,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -86,7 +89,7 @@ Layout = Any
 
 __all__ = ["SKETCH_BUCKETS", "NORM_SLACK", "NONCE_SIZE", "TAU_SLACK", "RESIDUAL_SLACK",
            "REPORT_TOLERANCE", "CAPS_TOLERANCE", "ChunkClaim", "Report", "Verdict",
-           "sketch_plan", "SketchPlanner", "Scratch", "verifiable", "deviates",
+           "sketch_plan", "SketchPlan", "SketchPlanner", "Scratch", "verifiable", "deviates",
            "contributor_terms", "sketch", "contributor_report", "sketch_bound", "tolerance",
            "check_part", "nonce_commitment", "joint_nonce", "JointNonce", "RoundVerifier"]
 
@@ -120,7 +123,7 @@ FLOAT32_ULPS = 2.0
 #: its distances further than this times the larger distance.
 REPORT_TOLERANCE = 1e-6
 _FLOAT32_EPSILON = 2.0 ** -23
-_DOMAIN = b"p2pdl/allreduce/verify/2"
+_DOMAIN = b"p2pdl/allreduce/verify/3"
 _COMMIT_NONCE_DOMAIN = b"p2pdl/allreduce/nonce-commitment/1"
 _JOINT_DOMAIN = b"p2pdl/allreduce/joint-nonce/1"
 
@@ -176,56 +179,93 @@ class Verdict:
     reason: str = ""
 
 
-def sketch_plan(group_id: bytes, part: int, nonce: bytes, numel: int) -> torch.Tensor:
-    """The slot (int32, 0 to ``2 * SKETCH_BUCKETS - 1``) of each of the part's
-    ``numel`` values.  The key is the first 16 bytes of SHAKE-256(domain,
-    group, part, nonce); value ``i`` reads bytes ``2i, 2i+1`` of the AES-128-CTR
-    keystream of that key (initial counter block 0) as a little-endian 16-bit
-    number ``u``; its bucket is ``u mod SKETCH_BUCKETS`` (its low byte), its
-    sign ``+1`` when bit 8 of ``u`` is set, else ``-1``; its slot is
-    ``u mod 512``, that is ``bucket + SKETCH_BUCKETS`` for sign ``+1``.  (AES in
-    counter mode is a keyed pseudorandom function: without the nonce the
-    slots cannot be told from independent draws, and it runs at gigabytes
-    per second where the machine has AES instructions.)"""
-    import torch
+@dataclasses.dataclass(frozen=True)
+class SketchPlan:
+    """Where a part's values go in a sketch (:func:`sketch_plan`).
 
-    return SketchPlanner().plan(group_id, part, nonce, numel).to(torch.int32, copy=True)
+    The part's ``numel`` values lie in rows of SKETCH_BUCKETS (the last one
+    may be short): value ``i`` is in row ``i // SKETCH_BUCKETS``, column
+    ``c = i % SKETCH_BUCKETS``.  ``rows`` holds each row's **slot** (int64,
+    0 to ``2 * SKETCH_BUCKETS - 1``): its shift ``h = slot mod
+    SKETCH_BUCKETS`` and its sign ``+1`` for a slot of SKETCH_BUCKETS or
+    more, else ``-1``; ``pattern`` a sign (float32 ``+-1``) per column.
+    Value ``i`` goes into bucket ``(c + h) mod SKETCH_BUCKETS`` with the
+    sign of its row times ``pattern[c]``."""
+
+    numel: int
+    rows: torch.Tensor
+    pattern: torch.Tensor
+
+
+def sketch_plan(group_id: bytes, part: int, nonce: bytes, numel: int) -> SketchPlan:
+    """The sketch plan of a part of ``numel`` values for ``nonce``.  The key
+    is the first 16 bytes of SHAKE-256(domain, group, part, nonce); of the
+    AES-128-CTR keystream of that key (initial counter block 0), bytes 0 to
+    31 are the pattern (column ``c``'s sign is ``+1`` when bit ``c mod 8``
+    of byte ``c // 8`` is set, else ``-1``), and bytes ``32 + 2r`` and
+    ``33 + 2r``, read as a little-endian 16-bit number ``u``, give row ``r``
+    its slot ``u mod (2 * SKETCH_BUCKETS)``: its shift is the low byte, its
+    sign ``+1`` when bit 8 is set.  (AES in counter mode is a keyed
+    pseudorandom function: without the nonce the plan cannot be told from
+    independent draws, and it costs two keystream bytes per row of
+    SKETCH_BUCKETS values.)"""
+    return SketchPlanner().plan(group_id, part, nonce, numel)
+
+
+#: Keystream bytes of a plan before its rows' slots: the columns' signs.
+_PATTERN_BYTES = SKETCH_BUCKETS // 8
 
 
 class SketchPlanner:
-    """:func:`sketch_plan` with its buffers kept from one plan to the next
-    (fresh pages cost more than the plan's arithmetic): the tensor
-    :meth:`plan` returns (int16 on little-endian machines, the keystream's
-    words masked in place; else int32) is overwritten by the next call."""
+    """Makes :func:`sketch_plan`'s plans and sketches under them, with its
+    buffers kept from one sketch to the next (fresh pages cost more than the
+    arithmetic done in them)."""
 
     def __init__(self) -> None:
-        self._stream = bytearray()
-        self._zeros = b""
-        self._slots: torch.Tensor | None = None
+        self._accumulator: torch.Tensor | None = None
+        self._gather: torch.Tensor | None = None
 
-    def plan(self, group_id: bytes, part: int, nonce: bytes, numel: int) -> torch.Tensor:
-        """:func:`sketch_plan`, in this planner's buffers."""
+    def plan(self, group_id: bytes, part: int, nonce: bytes, numel: int) -> SketchPlan:
+        """:func:`sketch_plan`."""
         import torch
 
-        if numel == 0:
-            return torch.zeros(0, dtype=torch.int32)
-        if len(self._zeros) < 2 * numel:
-            self._zeros = bytes(2 * numel)
-            self._stream = bytearray(2 * numel + 15)   # (update_into wants a block to spare)
-            self._slots = None if sys.byteorder == "little" \
-                else torch.empty(numel, dtype=torch.int32)
+        rows = -(-numel // SKETCH_BUCKETS)
         key = hashlib.shake_256(_DOMAIN + len(group_id).to_bytes(1, "big") + group_id
                                 + part.to_bytes(2, "big") + nonce).digest(16)
         encryptor = Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor()
-        encryptor.update_into(memoryview(self._zeros)[:2 * numel], self._stream)
-        if sys.byteorder == "little":   # the slots in place of the keystream's words
-            words = torch.frombuffer(self._stream, dtype=torch.int16, count=numel)
-            return words.bitwise_and_(2 * SKETCH_BUCKETS - 1)
-        assert self._slots is not None
-        slots = self._slots[:numel]
-        raw = torch.frombuffer(self._stream, dtype=torch.uint8, count=2 * numel)
-        slots.copy_(raw[1::2] & 1).mul_(SKETCH_BUCKETS)
-        return slots.add_(raw[0::2])
+        stream = encryptor.update(bytes(_PATTERN_BYTES + 2 * rows)) + encryptor.finalize()
+        raw = torch.frombuffer(bytearray(stream), dtype=torch.uint8)
+        bits = (raw[:_PATTERN_BYTES].to(torch.int64).unsqueeze(1)
+                >> torch.arange(8, dtype=torch.int64)) & 1
+        pattern = bits.reshape(-1).to(torch.float32).mul_(2).sub_(1)
+        words = raw[_PATTERN_BYTES:].to(torch.int64)
+        slots = words[0::2] | ((words[1::2] & 1) << 8)
+        return SketchPlan(numel, slots, pattern)
+
+    def sketch(self, plan: SketchPlan, terms: torch.Tensor) -> tuple[float, ...]:
+        """The sketch of ``terms`` (float32, ``plan.numel`` values) under ``plan``."""
+        import torch
+
+        if terms.numel() != plan.numel:
+            raise ValueError(f"a plan of {plan.numel} values for {terms.numel()} terms")
+        buckets = SKETCH_BUCKETS
+        if self._accumulator is None:
+            self._accumulator = torch.empty(2 * buckets, buckets, dtype=torch.float32)
+            columns = torch.arange(buckets)
+            # row h, bucket b: the column that shift h takes to bucket b
+            self._gather = (columns.unsqueeze(0) - columns.unsqueeze(1)) % buckets
+        accumulator = self._accumulator.zero_()
+        full = plan.numel // buckets
+        if full:
+            accumulator.index_add_(0, plan.rows[:full],
+                                   terms[:full * buckets].view(full, buckets))
+        tail = plan.numel - full * buckets
+        if tail:
+            accumulator[int(plan.rows[full]), :tail] += terms[full * buckets:]
+        signed = accumulator[buckets:].sub_(accumulator[:buckets]).mul_(plan.pattern)
+        assert self._gather is not None
+        shifted = signed.gather(1, self._gather)
+        return tuple(shifted.sum(0, dtype=torch.float64).tolist())
 
 
 class Scratch:
@@ -331,17 +371,15 @@ def contributor_terms(layout: Layout, part: int, values: torch.Tensor, result: t
     return terms, tuple(distances)
 
 
-def sketch(plan: torch.Tensor, terms: torch.Tensor) -> tuple[float, ...]:
-    """The count sketch of ``terms`` under ``plan`` (:func:`sketch_plan`): per
-    bucket, the sum of its values with their signs, in float64."""
-    import torch
-
-    slots = torch.bincount(plan, weights=terms, minlength=2 * SKETCH_BUCKETS)
-    return tuple((slots[SKETCH_BUCKETS:] - slots[:SKETCH_BUCKETS]).tolist())
+def sketch(plan: SketchPlan, terms: torch.Tensor) -> tuple[float, ...]:
+    """The sketch of ``terms`` under ``plan`` (:func:`sketch_plan`): per
+    bucket, the sum of the values that go there with their signs (float32
+    sums per row slot, the buckets' sums in float64)."""
+    return SketchPlanner().sketch(plan, terms)
 
 
 def contributor_report(layout: Layout, part: int, values: torch.Tensor, result: torch.Tensor,
-                       claims: Sequence[ChunkClaim], member: int, plan: torch.Tensor) -> Report:
+                       claims: Sequence[ChunkClaim], member: int, plan: SketchPlan) -> Report:
     """What ``member`` reports of ``part`` for a verifier's ``plan``
     (:func:`sketch_plan`): the sketch of its terms and its distance to the
     result per chunk (:func:`contributor_terms`)."""
@@ -799,8 +837,9 @@ class RoundVerifier:
         if known is not None:
             return known
         terms, distances = self._terms_of(part)
-        plan = self._scratch.planner.plan(self.group_id, part, nonce, terms.numel())
-        report = Report(sketch(plan, terms), distances)
+        planner = self._scratch.planner
+        plan = planner.plan(self.group_id, part, nonce, terms.numel())
+        report = Report(planner.sketch(plan, terms), distances)
         self.sketches += 1
         if len(self._sketched) < MAX_SKETCHED:
             self._sketched[part, nonce] = report
@@ -846,8 +885,8 @@ class RoundVerifier:
         buffers, self._buffers = self._buffers, []
         self._scratch.give(buffers)
 
-    def plan(self, part: int) -> torch.Tensor:
-        """This member's sketch plan of ``part`` (a fresh tensor)."""
+    def plan(self, part: int) -> SketchPlan:
+        """This member's sketch plan of ``part``."""
         return sketch_plan(self.group_id, part, self.nonce, self.results[part].numel())
 
     def reconsider(self, part: int, shown: Mapping[int, torch.Tensor]

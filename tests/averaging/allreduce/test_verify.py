@@ -248,41 +248,79 @@ def _keystream(nonce: bytes, part: int, size: int) -> bytes:
     """The spec's keystream, from the spec's words."""
     from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
-    key = hashlib.shake_256(b"p2pdl/allreduce/verify/2" + bytes([len(GROUP)]) + GROUP
+    key = hashlib.shake_256(b"p2pdl/allreduce/verify/3" + bytes([len(GROUP)]) + GROUP
                             + part.to_bytes(2, "big") + nonce).digest(16)
     return Cipher(algorithms.AES(key), modes.CTR(bytes(16))).encryptor().update(bytes(size))
 
 
-def test_the_sketch_plan_is_fixed_bits_of_an_aes_keystream():
-    slots = sketch_plan(GROUP, 3, b"\x01" * 32, 20)
-    seed = _keystream(b"\x01" * 32, 3, 40)
-    u = [seed[2 * i] | seed[2 * i + 1] << 8 for i in range(20)]
-    assert slots.dtype == torch.int32
-    assert slots.tolist() == [x % SKETCH_BUCKETS + SKETCH_BUCKETS * (x >> 8 & 1) for x in u]
-    assert torch.equal(slots, sketch_plan(GROUP, 3, b"\x01" * 32, 20))
-    assert not torch.equal(slots, sketch_plan(GROUP, 3, b"\x02" * 32, 20))
-    assert not torch.equal(slots, sketch_plan(GROUP, 4, b"\x01" * 32, 20))
-    big = sketch_plan(GROUP, 0, b"\x00" * 32, 100000)
-    assert abs(float((big >= SKETCH_BUCKETS).float().mean()) - 0.5) < 0.01   # balanced signs
-    counts = torch.bincount((big % SKETCH_BUCKETS).long(), minlength=SKETCH_BUCKETS)
-    assert counts.numel() == SKETCH_BUCKETS and int(counts.min()) > 300
-    assert sketch_plan(GROUP, 0, b"", 0).numel() == 0
-    # a planner reuses its buffers and gives the same plans, longer or shorter
-    planner = SketchPlanner()
-    assert torch.equal(planner.plan(GROUP, 0, b"\x00" * 32, 100000).int(), big)
-    assert torch.equal(planner.plan(GROUP, 3, b"\x01" * 32, 20).int(), slots)
-    # and its plans (int16, masked in place, on this machine) sketch alike
-    terms = torch.randn(100000)
-    assert sketch(planner.plan(GROUP, 0, b"\x00" * 32, 100000), terms) == sketch(big, terms)
+def _spec_plan(nonce: bytes, part: int, numel: int) -> list[tuple[int, int]]:
+    """Each value's bucket and sign, from the spec's words."""
+    rows = -(-numel // SKETCH_BUCKETS)
+    stream = _keystream(nonce, part, 32 + 2 * rows)
+    plan = []
+    for i in range(numel):
+        row, column = divmod(i, SKETCH_BUCKETS)
+        u = stream[32 + 2 * row] | stream[33 + 2 * row] << 8
+        column_sign = 1 if stream[column // 8] >> (column % 8) & 1 else -1
+        plan.append(((column + u) % SKETCH_BUCKETS,
+                     (1 if u >> 8 & 1 else -1) * column_sign))
+    return plan
+
+
+def _plan_of(plan) -> list[tuple[int, int]]:
+    """Each value's bucket and sign, from a SketchPlan."""
+    out = []
+    for i in range(plan.numel):
+        row, column = divmod(i, SKETCH_BUCKETS)
+        slot = int(plan.rows[row])
+        sign = (1 if slot >= SKETCH_BUCKETS else -1) * int(plan.pattern[column])
+        out.append(((column + slot) % SKETCH_BUCKETS, sign))
+    return out
+
+
+@pytest.mark.parametrize("numel", [1, 20, 255, 256, 257, 700])
+def test_the_sketch_plan_is_fixed_bits_of_an_aes_keystream(numel):
+    plan = sketch_plan(GROUP, 3, b"\x01" * 32, numel)
+    assert _plan_of(plan) == _spec_plan(b"\x01" * 32, 3, numel)
+    assert plan.rows.numel() == -(-numel // SKETCH_BUCKETS)
+    assert _plan_of(sketch_plan(GROUP, 3, b"\x01" * 32, numel)) == _plan_of(plan)
+    if numel >= 20:
+        assert _plan_of(sketch_plan(GROUP, 3, b"\x02" * 32, numel)) != _plan_of(plan)
+        assert _plan_of(sketch_plan(GROUP, 4, b"\x01" * 32, numel)) != _plan_of(plan)
     # a sketch is the signed sums per bucket
-    values = torch.randn(20, dtype=torch.float64)
-    layout = Layout.for_tensors([20], [1.0], CodecPolicy(), 1024, RULES["mean"])
+    values = torch.randn(numel, dtype=torch.float64)
+    layout = Layout.for_tensors([numel], [1.0], CodecPolicy(), 1024, RULES["mean"])
     claim = [ChunkClaim((0,), (1.0,), None)]
-    report = contributor_report(layout, 0, values.float(), torch.zeros(20), claim, 0, slots)
+    report = contributor_report(layout, 0, values.float(), torch.zeros(numel), claim, 0, plan)
     expected = [0.0] * SKETCH_BUCKETS
-    for i, x in enumerate(u):
-        expected[x % SKETCH_BUCKETS] += float(values.float()[i]) * (1 if x >> 8 & 1 else -1)
-    assert report.sketch == pytest.approx(expected, abs=1e-6)
+    for x, (bucket, sign) in zip(values.float().tolist(), _spec_plan(b"\x01" * 32, 3, numel),
+                                 strict=True):
+        expected[bucket] += x * sign
+    assert report.sketch == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_sketch_keeps_the_norm_of_spread_and_constant_vectors():
+    """Every value has its own sign: a vector that is the same in every row
+    (a constant shift) keeps its norm like a random one, within a few percent
+    for most nonces."""
+    planner = SketchPlanner()
+    vectors = {"random": torch.randn(65536), "constant": torch.ones(65536),
+               "ramp": torch.linspace(-1, 1, 65536)}
+    for name, vector in vectors.items():
+        ratios = torch.tensor([
+            torch.tensor(planner.sketch(planner.plan(GROUP, 0, k.to_bytes(4, "big"), 65536),
+                                        vector)).norm() / vector.norm()
+            for k in range(200)])
+        assert abs(float(ratios.mean()) - 1) < 0.02, name
+        assert float(ratios.std()) < 0.1, name
+        assert float(ratios.min()) > 0.7 and float(ratios.max()) < NORM_SLACK, name
+    # the rows' sums land where the values would one by one
+    terms = torch.randn(100000)
+    plan = planner.plan(GROUP, 0, b"\x00" * 32, 100000)
+    assert planner.sketch(plan, terms) == pytest.approx(sketch(plan, terms), abs=1e-9)
+    with pytest.raises(ValueError):
+        planner.sketch(plan, terms[:10])
+    assert sketch(sketch_plan(GROUP, 0, b"", 0), torch.zeros(0)) == (0.0,) * SKETCH_BUCKETS
 
 
 def test_scratch_hands_out_buffers_again_and_keeps_a_bounded_number():
