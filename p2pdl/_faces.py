@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import inspect
 import math
 import threading
@@ -451,12 +452,14 @@ class SyncTracker:
 
     def report(self, samples_accumulated: int, epoch: int | None = None, *,
                samples_per_second: float | None = None, loss: float | None = None,
-               last_round: tuple[int, str, int] | None = None) -> None:
+               last_round: tuple | None = None) -> None:
         self._on_trio(self._live_tracker().report, samples_accumulated, epoch,
                       samples_per_second=samples_per_second, loss=loss, last_round=last_round)
 
-    def update_epoch(self, epoch: int | None = None) -> int:
-        return self._on_trio(self._live_tracker().update_epoch, epoch)
+    def update_epoch(self, epoch: int | None = None, *,
+                     last_round: tuple | None = None) -> int:
+        return self._on_trio(functools.partial(self._live_tracker().update_epoch,
+                                               last_round=last_round), epoch)
 
     def publish_now(self) -> None:
         """Sign and push a fresh report now (the evidence behind an averaging weight)."""

@@ -7,7 +7,9 @@ A real ``p2pdl monitor`` process (``--http``: its dashboard and metrics
 served; ``--view lines``) follows an open run.  This process plays
 ``--peers`` trainers: each has its own ed25519 key and signs its own
 progress report (epoch, a growing sample count, its rate, a display name, a
-loss, a path) every ``--report-interval`` seconds; one node on loopback
+loss, a path and, from epoch 1 on, its last round: averaged, its part having
+taken every other reporter's values, 64 named at most) every
+``--report-interval`` seconds; one node on loopback
 pushes them to the monitor on the progress protocol (``progress.push``, 64
 reports a message at most), as a member forwarding others' signed reports
 does.  Every ``--epoch-seconds`` all of them move to the next epoch, so the
@@ -62,7 +64,7 @@ from libp2p.peer.id import ID  # noqa: E402
 
 from p2pdl import NodeConfig, open_node  # noqa: E402
 from p2pdl.monitor import Credit, CreditStore  # noqa: E402
-from p2pdl.progress import PROGRESS_PROTOCOL, ReportInfo, sign_report  # noqa: E402
+from p2pdl.progress import PROGRESS_PROTOCOL, ReportInfo, round_tags, sign_report  # noqa: E402
 from p2pdl.progress._messages import Push  # noqa: E402
 
 RUN = "bench-monitor"
@@ -215,6 +217,7 @@ async def report(args: argparse.Namespace, address: str, dashboard: str,
     """Play the reporters for ``--duration`` s; measure the monitor's CPU after ``--warmup``."""
     keys = [create_new_key_pair() for _ in range(args.peers)]
     ids = [ID.from_pubkey(k.public_key) for k in keys]
+    tags = [round_tags(p.to_bytes(), [q.to_bytes() for q in ids]) for p in ids]
     config = NodeConfig.build(listen=["/ip4/127.0.0.1/tcp/0"], initial_peers=[address])
     monitor_id = ID.from_base58(address.rsplit("/p2p/", 1)[1])
     measured: dict[str, float] = {}
@@ -230,10 +233,13 @@ async def report(args: argparse.Namespace, address: str, dashboard: str,
             if "cpu0" not in measured and now - start >= args.warmup:
                 measured["cpu0"], measured["wall0"] = proc_cpu_seconds(monitor_pid), now
             samples = int(RATE * (now - epoch_start)) + 1
+            # from epoch 1 on, each says its part of the last round took the others'
+            rounds = [(epoch - 1, "averaged", len(ids), tags[i]) if epoch else (None,) * 4
+                      for i in range(len(ids))]
             reports = [sign_report(k.private_key, peer, RUN, epoch, samples, RATE, now, False,
                                    credential=None,
                                    info=ReportInfo(f"volunteer-{i}", 3.0 - epoch / 100,
-                                                   PATHS[i % 3]))
+                                                   PATHS[i % 3], *rounds[i]))
                        for i, (k, peer) in enumerate(zip(keys, ids, strict=True))]
             for lo in range(0, len(reports), BATCH):
                 try:

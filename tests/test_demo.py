@@ -99,7 +99,8 @@ def test_demo_trains_a_swarm_and_a_baseline_and_reports(tmp_path):
     assert all(0 < p["samples"] <= 512 * p["epochs"] for p in credited.values())
     assert (out / "credits.sqlite").exists()
     printed = " ".join(result.stdout.split())   # rich wraps long lines
-    assert "contributions (the monitor's credits from signed reports): trainer-" in printed
+    assert ("contributions (the monitor's credits: samples another member's round took): "
+            "trainer-") in printed
     assert re.search(r"dashboard at http://127\.0\.0\.1:\d+/ .*Prometheus metrics at "
                      r"http://127\.0\.0\.1:\d+/metrics", printed)
     # What the dashboard showed last while the trainers trained.

@@ -62,6 +62,10 @@ def _contributions(path: Path, member_ids: dict[str, str]) -> dict[str, Any] | N
                       for s in credits.get("leaderboard", [])]}
 
 
+#: How the demo's summary names the monitor's credits.
+CONTRIBUTIONS = "contributions (the monitor's credits: samples another member's round took)"
+
+
 def contribution_lines(report: dict[str, Any]) -> list[str]:
     """One line: the samples the monitor credited to each member."""
     contributions = report.get("contributions")
@@ -69,10 +73,10 @@ def contribution_lines(report: dict[str, Any]) -> list[str]:
         return []
     peers = contributions["peers"]
     if not peers:
-        return ["contributions (the monitor's credits from signed reports): none counted"]
+        return [f"{CONTRIBUTIONS}: none counted"]
     listed = ", ".join(f"{p['name'] or p['peer_id'][:8]} {p['samples']} samples in "
                        f"{p['epochs']} epochs" for p in peers)
-    return [f"contributions (the monitor's credits from signed reports): {listed}"]
+    return [f"{CONTRIBUTIONS}: {listed}"]
 
 
 def _phase_report(phase: Phase) -> dict[str, Any]:

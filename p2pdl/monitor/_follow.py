@@ -4,7 +4,9 @@
 samples (it gets the gossip; trainers count only trainers, so it moves no
 one's decisions; in a certificate run its ``monitor`` role makes its
 reports count for nothing), follows the run's epoch, and every
-``interval`` seconds hands the view's reports to a :class:`Ledger` and the
+``interval`` seconds hands every report the tracker accepted since the
+last look (each claim, and the rounds they say their parts took) to a
+:class:`Ledger` and the
 credits due to a :class:`CreditStore`; with ``backups``
 (:class:`~p2pdl.monitor.Backups`), it keeps copies of the run's state too.
 """
@@ -32,6 +34,9 @@ logger = logging.getLogger(__name__)
 
 #: Seconds between two looks at the view (default of ``interval``).
 DEFAULT_INTERVAL = 1.0
+#: Reports accepted between two looks that the ledger sees, at most (the
+#: oldest beyond are dropped: 100 peers reporting every 10 ms).
+MAX_ACCEPTED = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,15 +65,20 @@ async def follow_run(node: TrioNode, run_id: str, store: CreditStore, *,
     named: dict[str, str] = store.names(run_id)   # what the store holds
     async with node.progress.track(run_id, target_batch_size, auxiliary=True) as tracker, \
             trio.open_nursery() as nursery:
+        tracker.gossip.keep_accepted(MAX_ACCEPTED)
         task_status.started()
         while True:
             progress = tracker.global_progress()
             if progress.epoch > tracker.local_epoch:
                 tracker.update_epoch(progress.epoch)   # follow the run
             peers = tuple(r for r in tracker.peers() if r.peer_id != me)
-            credits = ledger.observe(((peer_name(r.peer_id), r.epoch, r.samples_accumulated,
-                                       r.auxiliary) for r in peers),
-                                     progress.quorum_epoch, node.dht.now())
+            # every report accepted since the last look, not only each peer's latest
+            seen = (*tracker.gossip.take_accepted(), *peers)
+            credits = ledger.observe(
+                ((peer_name(r.peer_id), r.epoch, r.samples_accumulated, r.auxiliary)
+                 for r in seen), progress.quorum_epoch, node.dht.now(),
+                vouches=((peer_name(r.peer_id), r.round_epoch, r.round_outcome,
+                          r.round_contributors) for r in seen))
             added = store.add(credits)
             names = {peer: r.name for r in peers
                      if r.name is not None and named.get(peer := peer_name(r.peer_id)) != r.name}

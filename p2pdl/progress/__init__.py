@@ -31,6 +31,8 @@ from ._messages import ROUND_OUTCOMES as ROUND_OUTCOMES
 from ._messages import Report as Report
 from ._messages import ReportInfo as ReportInfo
 from ._messages import SnapshotEntry as SnapshotEntry
+from ._messages import round_tag as round_tag
+from ._messages import round_tags as round_tags
 from ._messages import sign_report as sign_report
 from ._messages import verify_report as verify_report
 from ._service import SNAPSHOT_SCHEMA as SNAPSHOT_SCHEMA

@@ -35,6 +35,7 @@ from ..service import FlagBook, MembershipView, Statistics
 from ._messages import DigestEntry, Push, Report
 from ._state import (
     GlobalProgress,
+    PeerReport,
     ProgressView,
     Verdict,
     check_role_caps,
@@ -136,6 +137,9 @@ class RunGossip:
         self._synced: set[bytes] = set()
         self._evidence: dict[int, dict[bytes, int]] = {}   # epoch -> peer -> most samples
         self._flagged_ahead: dict[bytes, int] = {}          # peer -> quorum epoch flagged at
+        #: every report the view accepted since the last :meth:`take_accepted`,
+        #: for a reader that asked (:meth:`keep_accepted`; None: nobody did)
+        self.accepted: collections.deque[PeerReport] | None = None
 
     @property
     def local_peer(self) -> bytes:
@@ -297,9 +301,12 @@ class RunGossip:
         peer = screened.peer
         assert peer is not None
         live = sender is not None and sender == report.peer_id
-        verdict = self.view.offer(to_peer_report(report), now, live=live, role=screened.role)
+        kept = to_peer_report(report)
+        verdict = self.view.offer(kept, now, live=live, role=screened.role)
         if verdict is Verdict.ACCEPTED:
             self.counters["reports_accepted"] += 1
+            if self.accepted is not None:
+                self.accepted.append(kept)
             self._signed[report.peer_id] = report
             self._record_evidence(report)
             new = self.add_contact(report.peer_id, now + self.config.report_ttl, now)
@@ -369,6 +376,23 @@ class RunGossip:
         return True
 
     # -- evidence ---------------------------------------------------------------
+
+    def keep_accepted(self, limit: int) -> None:
+        """Keep every report the view accepts from now on (at most ``limit``
+        until they are taken; the oldest are dropped first): for a reader
+        that must see every claim, not only the latest of each peer (a
+        monitor's accounting)."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        self.accepted = collections.deque(maxlen=limit)
+
+    def take_accepted(self) -> list[PeerReport]:
+        """The reports accepted since the last call (:meth:`keep_accepted`), oldest first."""
+        if self.accepted is None:
+            return []
+        taken = list(self.accepted)
+        self.accepted.clear()
+        return taken
 
     def set_epoch(self, epoch: int) -> None:
         """The local epoch moved: evidence is kept for it and the epochs beside it."""

@@ -23,6 +23,8 @@ an info cannot be moved onto, or stripped from, another report.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import Annotated, Literal
 
 import msgpack
@@ -41,12 +43,15 @@ from .config import (
     MAX_NAME_LENGTH,
     MAX_PEER_ID_SIZE,
     MAX_REPORTS,
+    MAX_ROUND_CONTRIBUTORS,
     MAX_SIGNATURE_SIZE,
+    ROUND_TAG_SIZE,
 )
 
 __all__ = ["PROGRESS_PROTOCOL_ID", "PROGRESS_PROTOCOL", "Report", "ReportInfo", "PATH_KINDS",
            "ROUND_OUTCOMES", "Push", "Reports", "DigestEntry", "SnapshotEntry", "SIGNATURE_DOMAIN",
-           "SIGNATURE_DOMAIN_INFO", "signing_payload", "sign_report", "verify_report"]
+           "SIGNATURE_DOMAIN_INFO", "signing_payload", "sign_report", "verify_report",
+           "round_tag", "round_tags"]
 
 PROGRESS_PROTOCOL_ID = "/p2pdl/progress/1.0.0"
 SIGNATURE_DOMAIN = "p2pdl/progress/report/1"
@@ -66,8 +71,12 @@ class ReportInfo(Message, tag="progress.info"):
     ``path``: ``relayed`` when one of its connections runs through a relay,
     else ``hole-punched`` when one was opened by hole punching, else
     ``direct``; and its last averaging round: its epoch, how it ended
-    (``averaged``, ``partial``, ``alone``, ``failed``) and the group's size.
-    Nothing in it counts for training: it is the peer's word."""
+    (``averaged``, ``partial``, ``alone``, ``failed``), the group's size and
+    the other members whose values its own part took (their
+    :func:`round_tag`, ascending; at most MAX_ROUND_CONTRIBUTORS,
+    :func:`round_tags`).  Nothing in it counts for training: it is the
+    peer's word (a monitor credits a peer's samples only where another
+    member's word names it)."""
 
     name: Annotated[str, MaxLen(MAX_NAME_LENGTH)] | None = None
     loss: float | None = None
@@ -75,6 +84,28 @@ class ReportInfo(Message, tag="progress.info"):
     round_epoch: Annotated[int, Range(0, MAX_COUNT)] | None = None
     round_outcome: Literal["averaged", "partial", "alone", "failed"] | None = None
     round_group: Annotated[int, Range(0, MAX_GROUP)] | None = None
+    round_contributors: Annotated[tuple[Annotated[bytes, MaxLen(ROUND_TAG_SIZE)], ...],
+                                  MaxLen(MAX_ROUND_CONTRIBUTORS)] | None = None
+
+
+def round_tag(peer_id: bytes) -> bytes:
+    """A peer's tag in a report's round contributors: the first ROUND_TAG_SIZE
+    bytes of SHA-256 of its peer id bytes."""
+    return hashlib.sha256(peer_id).digest()[:ROUND_TAG_SIZE]
+
+
+def round_tags(reporter: bytes, contributors: Iterable[bytes]) -> tuple[bytes, ...]:
+    """The ``round_contributors`` a peer ``reporter`` gives for the members
+    (peer id bytes) whose values its part took: their tags, itself left out,
+    ascending; of more than MAX_ROUND_CONTRIBUTORS, those that follow its own
+    tag in ascending order, wrapping around (so that in a large group each
+    member is named by some reducers, not always the same ones left out)."""
+    mine = round_tag(reporter)
+    tags = sorted({round_tag(c) for c in contributors} - {mine})
+    if len(tags) <= MAX_ROUND_CONTRIBUTORS:
+        return tuple(tags)
+    after = [t for t in tags if t > mine] + [t for t in tags if t < mine]
+    return tuple(sorted(after[:MAX_ROUND_CONTRIBUTORS]))
 
 
 class Report(Message, tag="progress.report"):
@@ -131,15 +162,17 @@ def signing_payload(run_id: str, peer_id: bytes, epoch: int, samples_accumulated
                     auxiliary: bool, info: ReportInfo | None = None) -> bytes:
     """The bytes a peer signs: the domain, then every field of the report but
     the signature and the credential; with ``info``, under
-    SIGNATURE_DOMAIN_INFO with the info's name, loss and path appended."""
+    SIGNATURE_DOMAIN_INFO with the info's name, loss, path and last round
+    appended (its contributors only where it names them)."""
     fields = [run_id, peer_id, epoch, samples_accumulated, float(samples_per_second),
               float(time), client_mode, auxiliary]
     if info is None:
         return msgpack.packb([SIGNATURE_DOMAIN, *fields], use_bin_type=True)
     loss = None if info.loss is None else float(info.loss)
-    return msgpack.packb([SIGNATURE_DOMAIN_INFO, *fields, info.name, loss, info.path,
-                          info.round_epoch, info.round_outcome, info.round_group],
-                         use_bin_type=True)
+    said = [info.name, loss, info.path, info.round_epoch, info.round_outcome, info.round_group]
+    if info.round_contributors is not None:
+        said.append(list(info.round_contributors))
+    return msgpack.packb([SIGNATURE_DOMAIN_INFO, *fields, *said], use_bin_type=True)
 
 
 def sign_report(private_key: PrivateKey, peer_id: ID, run_id: str, epoch: int,

@@ -278,7 +278,7 @@ class ProgressTracker:
         self._rate_override: float | None = None
         self.name = name
         self._loss: float | None = None
-        self._last_round: tuple[int, str, int] | None = None
+        self._last_round: tuple[int, str, int, tuple[bytes, ...] | None] | None = None
         self._own: Report | None = None
         self._own_by_epoch: dict[int, Report] = {}   # the two latest epochs' last own reports
         self._pending: dict[bytes, bool] = {}     # peer -> a push is due (with a reply wanted)
@@ -343,15 +343,16 @@ class ProgressTracker:
 
     def report(self, samples_accumulated: int, epoch: int | None = None, *,
                samples_per_second: float | None = None, loss: float | None = None,
-               last_round: tuple[int, str, int] | None = None) -> None:
+               last_round: tuple | None = None) -> None:
         """Say that this peer has ``samples_accumulated`` samples towards ``epoch``.
 
         ``epoch`` defaults to the current local epoch.  The rate is measured
         from successive calls (an EMA) unless ``samples_per_second`` is
         given.  ``loss``: this peer's recent training loss, and
         ``last_round``: its last averaging round (epoch, outcome -- one of
-        ``ROUND_OUTCOMES`` -- and group size), which its reports carry from
-        now on for people watching (nothing counts them).
+        ``ROUND_OUTCOMES`` --, group size and optionally the peer ids whose
+        values its part took), which its reports carry from now on for
+        people watching (a monitor credits the contributors they name).
         Publishing follows the publish policy; this never blocks.
         Raises :class:`LocalProtocolError` for negative or non-integer values,
         an epoch going back, samples from an auxiliary peer, or a loss that
@@ -374,7 +375,7 @@ class ProgressTracker:
         if loss is not None:
             self._loss = check_loss(loss)
         if last_round is not None:
-            self._last_round = check_last_round(last_round)
+            self._last_round = check_last_round(last_round, self._peer_id.to_bytes())
         now = self._clock()
         if epoch == self._epoch and samples_accumulated >= self._samples:
             self._ema.update(samples_accumulated - self._samples, now)
@@ -390,10 +391,9 @@ class ProgressTracker:
         self._epoch, self._samples = epoch, samples_accumulated
         self._local_changed()
 
-    def update_epoch(self, epoch: int | None = None) -> int:
-        """Move to ``epoch`` (default: the next one) with no samples; returns it."""
-        epoch = self._epoch + 1 if epoch is None else epoch
-        self.report(0, epoch)
+    def update_epoch(self, epoch: int | None = None, *, last_round: tuple | None = None) -> int:
+        """Move to ``epoch`` (default: the next one) with no samples, as :meth:`report`."""
+        self.report(0, epoch := self._epoch + 1 if epoch is None else epoch, last_round=last_round)
         return epoch
 
     def _local_report(self, now: float) -> PeerReport:
@@ -403,7 +403,7 @@ class ProgressTracker:
                           0.0 if self.auxiliary else published_rate(rate, client, self.config),
                           now, client, self.auxiliary, self.name, self._loss,
                           path_kind(self._host.paths().values()),
-                          *(self._last_round or (None, None, None)))
+                          *(self._last_round or (None,) * 4))
 
     def _set_local(self, now: float) -> PeerReport:
         local = self._local_report(now)

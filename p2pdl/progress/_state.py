@@ -46,15 +46,20 @@ import dataclasses
 import enum
 import math
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+
+from libp2p.peer.id import ID
 
 from ..errors import LocalProtocolError
 from ..service import MembershipView, Role
-from ._messages import PATH_KINDS, ROUND_OUTCOMES, Report, ReportInfo, verify_report
-from .config import MAX_COUNT, MAX_GROUP, MAX_NAME_LENGTH, ProgressConfig
-
-if TYPE_CHECKING:
-    from libp2p.peer.id import ID
+from ._messages import (
+    PATH_KINDS,
+    ROUND_OUTCOMES,
+    Report,
+    ReportInfo,
+    round_tags,
+    verify_report,
+)
+from .config import MAX_COUNT, MAX_GROUP, MAX_NAME_LENGTH, ROUND_TAG_SIZE, ProgressConfig
 
 __all__ = ["GlobalProgress", "ProgressView", "PublishPolicy", "RateEMA", "PeerReport",
            "Screened", "Verdict", "check_info", "check_report_values", "check_role_caps",
@@ -91,10 +96,12 @@ class PeerReport:
     name: str | None = None
     loss: float | None = None
     path: str | None = None
-    #: its last averaging round: epoch, outcome, group size (None: not said)
+    #: its last averaging round: epoch, outcome, group size, the tags of the
+    #: other members its part took (None: not said)
     round_epoch: int | None = None
     round_outcome: str | None = None
     round_group: int | None = None
+    round_contributors: tuple[bytes, ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +150,12 @@ def check_report_values(report: PeerReport, now: float, config: ProgressConfig) 
         problem = f"its round outcome {report.round_outcome!r} is unknown"
     if problem is None and report.round_epoch is not None and report.round_epoch > report.epoch:
         problem = f"its last round (epoch {report.round_epoch}) is ahead of its epoch"
+    tags = report.round_contributors
+    if problem is None and tags is not None and (
+            report.round_epoch is None or any(len(t) != ROUND_TAG_SIZE for t in tags)
+            or any(a >= b for a, b in zip(tags, tags[1:], strict=False))):
+        problem = (f"its round contributors are not distinct {ROUND_TAG_SIZE}-byte tags in "
+                   f"ascending order of a round it names")
     return problem
 
 
@@ -165,9 +178,9 @@ def to_peer_report(report: Report) -> PeerReport:
     info = report.info
     return PeerReport(report.peer_id, report.epoch, report.samples_accumulated,
                       report.samples_per_second, report.time, report.client_mode,
-                      report.auxiliary, *((None,) * 6 if info is None else (
+                      report.auxiliary, *((None,) * 7 if info is None else (
                           info.name, info.loss, info.path, info.round_epoch, info.round_outcome,
-                          info.round_group)))
+                          info.round_group, info.round_contributors)))
 
 
 def published_rate(rate: float, client_mode: bool, config: ProgressConfig) -> float:
@@ -197,26 +210,47 @@ def check_loss(loss: object) -> float:
     return float(loss)
 
 
-def check_last_round(last_round: object) -> tuple[int, str, int]:
-    """``last_round`` as (epoch, outcome, group size); LocalProtocolError
-    unless it is one (an outcome of ROUND_OUTCOMES, counts within bounds)."""
-    ok = isinstance(last_round, tuple) and len(last_round) == 3
+def check_last_round(last_round: object, reporter: bytes
+                     ) -> tuple[int, str, int, tuple[bytes, ...] | None]:
+    """``last_round`` -- (epoch, outcome, group size) or (epoch, outcome,
+    group size, contributors), the contributors peer ids (``ID``, bytes or
+    base58) -- as (epoch, outcome, group size, their :func:`round_tags` for
+    ``reporter``, or None); LocalProtocolError unless it is one (an outcome
+    of ROUND_OUTCOMES, counts within bounds, peer ids)."""
+    ok = isinstance(last_round, tuple) and len(last_round) in (3, 4)
+    tags = None
     if ok:
-        epoch, outcome, group = last_round
+        epoch, outcome, group, *rest = last_round   # type: ignore[misc]
         ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (epoch, group)) \
             and 0 <= epoch <= MAX_COUNT and 0 <= group <= MAX_GROUP \
             and outcome in ROUND_OUTCOMES
+        if ok and rest:
+            try:
+                tags = round_tags(reporter, (_peer_bytes(c) for c in rest[0]))
+            except (TypeError, ValueError):
+                ok = False
     if not ok:
         raise LocalProtocolError(f"last_round must be (epoch, one of {ROUND_OUTCOMES}, group "
-                                 f"size), got {last_round!r}")
-    return last_round   # type: ignore[return-value]
+                                 f"size[, contributors' peer ids]), got {last_round!r}")
+    return epoch, outcome, group, tags
+
+
+def _peer_bytes(peer: object) -> bytes:
+    """A peer id given as ``ID``, bytes or base58, as bytes (ValueError if none)."""
+    if isinstance(peer, ID):
+        return peer.to_bytes()
+    if isinstance(peer, bytes):
+        return peer
+    if isinstance(peer, str):
+        return ID.from_base58(peer).to_bytes()
+    raise ValueError(f"not a peer id: {peer!r}")
 
 
 def info_of(report: PeerReport) -> ReportInfo | None:
     """The ``ReportInfo`` a report of ``report``'s content carries (None when
     it says nothing of itself)."""
     fields = (report.name, report.loss, report.path, report.round_epoch, report.round_outcome,
-              report.round_group)
+              report.round_group, report.round_contributors)
     if all(field is None for field in fields):
         return None
     return ReportInfo(*fields)

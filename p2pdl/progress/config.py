@@ -24,6 +24,11 @@ MAX_CREDENTIAL_SIZE = 2048
 MAX_NAME_LENGTH = 64
 #: Largest group size a report's info may give (``ReportInfo.round_group``).
 MAX_GROUP = 65536
+#: Contributors a report's info may name for its last round
+#: (``ReportInfo.round_contributors``): 8 bytes each, 512 bytes at most.
+MAX_ROUND_CONTRIBUTORS = 64
+#: Bytes of a contributor's tag: the first bytes of SHA-256 of its peer id.
+ROUND_TAG_SIZE = 8
 
 #: DHT key prefix of the snapshots: ``p2pdl/progress/<run id>``, one signed
 #: subkey per peer.

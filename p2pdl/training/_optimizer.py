@@ -321,12 +321,9 @@ class Optimizer(torch.optim.Optimizer):
             # next epoch now would tell the peers that have not joined yet
             # that they are behind, and they would download state instead.
             return stepped
-        said: dict[str, Any] = {}   # what the reports say of this peer for people
+        said = self._said()
         if self._loss is not None:
             said["loss"] = self._loss
-        if self.rounds.history:
-            last = self.rounds.history[-1]
-            said["last_round"] = (last.epoch, last.outcome, last.group_size)
         self._tracker.report(self._samples, keeper.epoch, **said)
         progress = self._tracker.global_progress()
         self.rounds.observe(progress)
@@ -506,7 +503,15 @@ class Optimizer(torch.optim.Optimizer):
 
     def _advance(self, epoch: int) -> None:
         self.state_keeper.epoch = epoch
-        self._tracker.update_epoch(epoch)
+        self._tracker.update_epoch(epoch, **self._said())   # the new epoch, and its round
+
+    def _said(self) -> dict[str, Any]:
+        """What this peer's reports say of its last round, for people and monitors:
+        (epoch, outcome, group size, the contributors its own part took)."""
+        if not self.rounds.history:
+            return {}
+        last = self.rounds.history[-1]
+        return {"last_round": (last.epoch, last.outcome, last.group_size, last.contributors)}
 
     def _assist(self) -> bool:
         """An auxiliary peer's step: help reduce the next round; True if one was joined."""
@@ -516,6 +521,7 @@ class Optimizer(torch.optim.Optimizer):
         if info is None:
             return False
         self.last_round = info
+        self._tracker.update_epoch(epoch, **self._said())   # the contributors it took
         return info.outcome == "averaged"
 
     # -- state from the swarm --------------------------------------------------------

@@ -86,11 +86,15 @@ async def test_the_page_in_headless_chromium_shows_the_live_run(tmp_path):
                 follow_run, monitor, RUN, store, target_batch_size=100, interval=0.1,
                 on_glance=dashboard.observe))
             for epoch in range(3):   # three epochs complete: credits, points, epochs
-                said = {"last_round": (epoch - 1, "averaged", 2)} if epoch else {}
+                # each one's part of the last round took the other's values
+                said_a = {"last_round": (epoch - 1, "averaged", 2, (b.peer_id,))} if epoch \
+                    else {}
+                said_b = {"last_round": (epoch - 1, "averaged", 2, (a.peer_id,))} if epoch \
+                    else {}
                 ta.report(60, epoch, loss=3.0 - epoch / 2, samples_per_second=30.0 + epoch,
-                          **said)
+                          **said_a)
                 tb.report(50, epoch, loss=3.5 - epoch / 2, samples_per_second=25.0 - epoch,
-                          **said)
+                          **said_b)
                 await wait_until(lambda e=epoch: dashboard.glance is not None
                                  and len(dashboard.glance.peers) == 2
                                  and all(p.epoch == e and p.samples_accumulated
@@ -98,8 +102,8 @@ async def test_the_page_in_headless_chromium_shows_the_live_run(tmp_path):
                 await trio.sleep(2.1)   # a point per epoch (the history's spacing)
                 ta.update_epoch(epoch + 1)
                 tb.update_epoch(epoch + 1)
-            ta.report(30, 3, loss=1.25, last_round=(2, "averaged", 2))
-            tb.report(0, 3, last_round=(2, "partial", 2))
+            ta.report(30, 3, loss=1.25, last_round=(2, "averaged", 2, (b.peer_id,)))
+            tb.report(0, 3, last_round=(2, "partial", 2, (a.peer_id,)))
             await wait_until(lambda: len(store.leaderboard(RUN)) == 2
                              and dashboard.state()["status"]["epoch"] == 3, 30, step=0.05)
             url = f"http://{host}:{port}/"

@@ -17,39 +17,81 @@ def credits_of(credits):
     return {(c.peer_id, c.epoch): c.samples for c in credits}
 
 
-def test_an_epoch_counts_once_the_run_stepped_past_it_with_the_largest_claim():
-    ledger = Ledger(RUN, 100)
+def ledger_of(target: int, **kwargs) -> Ledger:
+    """A ledger whose peers' round tags are their names' bytes."""
+    return Ledger(RUN, target, tag=str.encode, **kwargs)
+
+
+def vouch(voucher: str, epoch: int, *peers: str, outcome: str = "averaged"):
+    """``voucher``'s report: its part of ``epoch``'s round took ``peers``' values."""
+    return (voucher, epoch, outcome, tuple(sorted(p.encode() for p in peers)))
+
+
+def test_an_epoch_counts_once_the_run_stepped_two_past_it_with_the_largest_claim():
+    ledger = ledger_of(100)
     assert ledger.observe([("a", 0, 10, False), ("b", 0, 5, False)], 0, 1.0) == []
     assert ledger.observe([("a", 0, 40, False), ("b", 0, 3, False)], 0, 2.0) == []
     assert ledger.pending == 2
-    due = ledger.observe([("a", 1, 2, False), ("b", 0, 60, False)], 1, 3.0)
+    vouches = [vouch("a", 0, "a", "b"), vouch("b", 0, "a", "b")]
+    assert ledger.observe([("a", 1, 2, False), ("b", 0, 60, False)], 1, 3.0, vouches) == []
+    due = ledger.observe([], 2, 4.0)
     assert credits_of(due) == {("a", 0): 40, ("b", 0): 60}   # largest, not summed
-    assert all(c.time == 3.0 and c.run_id == RUN for c in due)
+    assert all(c.time == 4.0 and c.run_id == RUN for c in due)
     assert ledger.pending == 1                                 # a's epoch 1 waits
 
 
+def test_only_samples_another_member_took_count():
+    ledger = ledger_of(100)
+    ledger.observe([("a", 0, 10, False), ("b", 0, 20, False), ("c", 0, 30, False),
+                    ("d", 0, 40, False)], 0, 1.0)
+    vouches = [vouch("a", 0, "a", "b"),                  # a names itself: no credit for a
+               vouch("b", 0, "c", outcome="failed"),     # a failed round vouches for nobody
+               vouch("c", 0, "d", outcome="partial"),    # a partial one does
+               ("d", None, None, None)]                  # a report that names no round
+    ledger.observe([], 1, 2.0, vouches)
+    assert credits_of(ledger.observe([], 2, 3.0)) == {("b", 0): 20, ("d", 0): 40}
+    assert ledger.unvouched == 2                           # a and c
+
+
 def test_a_claim_counts_at_most_one_target_batch_and_auxiliaries_nothing():
-    ledger = Ledger(RUN, 64)
+    ledger = ledger_of(64)
     ledger.observe([("liar", 0, 2**31, False), ("aux", 0, 0, True), ("aux2", 0, 99, True),
-                    ("idle", 0, 0, False)], 0, 1.0)
-    assert credits_of(ledger.observe([], 1, 2.0)) == {("liar", 0): 64}
+                    ("idle", 0, 0, False)], 0, 1.0,
+                   [vouch("aux", 0, "liar", "aux2", "idle")])
+    assert credits_of(ledger.observe([], 2, 2.0)) == {("liar", 0): 64}
 
 
 def test_only_epochs_the_ledger_saw_complete_count_and_late_reports_do_not():
-    ledger = Ledger(RUN, 100)
-    # started mid-run: the run is at quorum 5; a peer lagging at epoch 3 is not credited
-    assert ledger.observe([("lag", 3, 50, False), ("a", 5, 10, False)], 5, 1.0) == []
+    ledger = ledger_of(100)
+    # started mid-run: the run is at quorum 6, so epochs from 5 count; a peer
+    # lagging at epoch 3 is not credited
+    everyone = [vouch("b", e, "a") for e in (3, 5, 6)] + [vouch("a", e, "b") for e in (5, 6)]
+    assert ledger.observe([("lag", 3, 50, False), ("a", 5, 10, False)], 6, 1.0,
+                          everyone) == []
     assert ledger.late == 1
-    assert credits_of(ledger.observe([("a", 6, 1, False)], 6, 2.0)) == {("a", 5): 10}
-    ledger.observe([("b", 5, 70, False)], 6, 3.0)      # epoch 5 already counted
+    assert credits_of(ledger.observe([("a", 6, 1, False)], 7, 2.0, everyone)) == {("a", 5): 10}
+    ledger.observe([("b", 5, 70, False)], 7, 3.0, everyone)      # epoch 5 already counted
     assert ledger.late == 2 and ledger.pending == 1
 
 
-def test_pending_pairs_are_bounded_dropping_the_oldest_epochs():
-    ledger = Ledger(RUN, 100, max_pending=3)
-    ledger.observe([(f"p{i}", 10 + i, 1, False) for i in range(5)], 0, 1.0)
-    assert ledger.pending == 3 and ledger.dropped == 2
+def test_pending_pairs_and_vouches_are_bounded_dropping_the_oldest_epochs():
+    ledger = ledger_of(100, max_pending=3)
+    ledger.observe([(f"p{i}", 10 + i, 1, False) for i in range(5)], 0, 1.0,
+                   [vouch("v", 10 + i, f"p{i}") for i in range(5)])
+    assert ledger.pending == 3 and ledger.dropped == 4
     assert sorted(e for _, e in ledger._pending) == [12, 13, 14]
+    assert sorted(e for _, e in ledger._vouched) == [12, 13, 14]
+
+
+def test_the_default_tags_are_the_progress_layer_s():
+    from libp2p.crypto.ed25519 import create_new_key_pair
+    from libp2p.peer.id import ID
+
+    from p2pdl.monitor._ledger import tag_of
+    from p2pdl.progress import round_tag
+
+    peer = ID.from_pubkey(create_new_key_pair(b"\x07" * 32).public_key)
+    assert tag_of(peer.to_base58()) == round_tag(peer.to_bytes())
 
 
 def test_a_bad_target_is_refused():

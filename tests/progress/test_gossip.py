@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.peer.id import ID
 
@@ -66,6 +67,20 @@ def test_evidence_is_a_peers_own_report_and_is_kept_beside_the_local_epoch():
     assert g.counters["evidence_refused"] == 1
     g.set_epoch(5)   # evidence of epochs far from the local one is dropped
     assert g.reported_samples(A.bytes, 0) == 0
+
+
+def test_a_reader_that_asked_gets_every_accepted_report_bounded():
+    g, _ = gossip()
+    g.absorb(A.report(0, 5), A.bytes, NOW)
+    assert g.take_accepted() == []                       # nobody asked: nothing kept
+    g.keep_accepted(2)
+    for t, samples in enumerate((10, 20, 30), start=1):   # each replaces the last in the view
+        g.absorb(A.report(0, samples, NOW + t), A.bytes, NOW + t)
+    g.absorb(A.report(0, 30, NOW + 3), A.bytes, NOW + 4)  # stale: not accepted
+    assert [r.samples_accumulated for r in g.take_accepted()] == [20, 30]   # oldest dropped
+    assert g.take_accepted() == []
+    with pytest.raises(ValueError):
+        g.keep_accepted(0)
 
 
 def test_a_failing_member_rests_doubling_and_a_disconnected_one_leaves_the_view():

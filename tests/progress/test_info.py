@@ -18,11 +18,14 @@ from p2pdl.progress import (
     Report,
     ReportInfo,
     check_info,
+    round_tag,
+    round_tags,
     sign_report,
     verify_report,
 )
 from p2pdl.progress._messages import Push
 from p2pdl.progress._state import check_report_values, to_peer_report
+from p2pdl.progress.config import MAX_ROUND_CONTRIBUTORS
 from p2pdl.testing import MemoryNetwork, open_memory_nodes, wait_for_dht, wait_until
 from p2pdl.wire import encode_message
 
@@ -98,6 +101,49 @@ def test_a_round_ahead_of_the_report_or_of_no_known_outcome_is_dropped():
         assert check_report_values(bad, bad.time, config) is not None
 
 
+def test_a_round_names_its_contributors_by_tags_signed_bounded_and_sorted():
+    tags = tuple(sorted(round_tag(bytes([i]) * 34) for i in range(3)))
+    info = ReportInfo("dave", None, None, 2, "averaged", 4, tags)
+    report = signed(info)
+    assert verify_report(report) is not None
+    for forged in (dataclasses.replace(info, round_contributors=tags[:2]),    # one struck out
+                   dataclasses.replace(info, round_contributors=None),        # all struck out
+                   dataclasses.replace(info, round_contributors=tags + (b"\x00" * 8,))):
+        assert verify_report(dataclasses.replace(report, info=forged)) is None, forged
+    kept = to_peer_report(report)
+    assert kept.round_contributors == tags
+    config = ProgressConfig()
+    assert check_report_values(kept, kept.time, config) is None
+    for bad in (tags[::-1], tags + tags[-1:], (b"\x01" * 7,),):
+        wrong = dataclasses.replace(kept, round_contributors=bad)
+        assert check_report_values(wrong, wrong.time, config) is not None, bad
+    unnamed = dataclasses.replace(kept, round_epoch=None, round_outcome=None, round_group=None)
+    assert check_report_values(unnamed, unnamed.time, config) is not None
+    # the wire holds at most MAX_ROUND_CONTRIBUTORS tags of ROUND_TAG_SIZE bytes
+    push = Push(RUN, (report,))
+    for value in ([b"\x00" * 9], [bytes([i]) * 8 for i in range(MAX_ROUND_CONTRIBUTORS + 1)]):
+        wire = msgpack.unpackb(encode_message(push), raw=False)[2]
+        wire["reports"][0]["info"]["round_contributors"] = value
+        with pytest.raises(RemoteProtocolError):
+            Push.from_wire(wire)
+
+
+def test_a_large_group_is_named_in_a_window_after_the_reporter():
+    members = [bytes([i, i]) * 17 for i in range(3 * MAX_ROUND_CONTRIBUTORS)]
+    named = {}
+    for reporter in members:
+        tags = round_tags(reporter, members)
+        assert len(tags) == MAX_ROUND_CONTRIBUTORS and list(tags) == sorted(tags)
+        assert round_tag(reporter) not in tags
+        for tag in tags:
+            named[tag] = named.get(tag, 0) + 1
+    # every member is named by about as many reducers as any other
+    assert set(named) == {round_tag(m) for m in members}
+    assert min(named.values()) == max(named.values()) == MAX_ROUND_CONTRIBUTORS
+    assert round_tags(members[0], members[:3]) == tuple(sorted(round_tag(m)
+                                                               for m in members[1:3]))
+
+
 def test_every_path_kind_and_a_long_unicode_name_pass():
     for kind in PATH_KINDS:
         assert check_info(None, None, kind) is None
@@ -125,7 +171,7 @@ async def test_a_tracker_reports_its_name_loss_and_path():
         await wait_for_dht(nodes)
         async with nodes[0].progress.track(RUN, 1000, name="alice") as alice, \
                 nodes[1].progress.track(RUN, 1000) as bob:
-            alice.report(10, loss=2.5, last_round=(0, "alone", 1))
+            alice.report(10, loss=2.5, last_round=(0, "averaged", 2, (nodes[1].peer_id,)))
             alice.publish_now()
             me = nodes[0].peer_id.to_bytes()
 
@@ -136,7 +182,8 @@ async def test_a_tracker_reports_its_name_loss_and_path():
             report = seen()
             assert (report.name, report.loss, report.path) == ("alice", 2.5, "direct")
             assert (report.round_epoch, report.round_outcome, report.round_group) == \
-                (0, "alone", 1)
+                (0, "averaged", 2)
+            assert report.round_contributors == (round_tag(nodes[1].peer_id.to_bytes()),)
             assert alice.loss == 2.5 and alice.name == "alice"
             # bob said nothing of itself: alice sees no name and no loss.
             await wait_until(lambda: any(r.peer_id != me for r in alice.peers()), 30,
@@ -145,7 +192,8 @@ async def test_a_tracker_reports_its_name_loss_and_path():
             assert (theirs.name, theirs.loss) == (None, None)
             with pytest.raises(LocalProtocolError):
                 alice.report(20, loss=math.nan)
-            for bad in ((0, "won", 1), (0, "averaged", -1), [0, "averaged", 2], (0, "x")):
+            for bad in ((0, "won", 1), (0, "averaged", -1), [0, "averaged", 2], (0, "x"),
+                        (0, "averaged", 2, ("not base58!",)), (0, "averaged", 2, 7)):
                 with pytest.raises(LocalProtocolError, match="last_round"):
                     alice.report(20, last_round=bad)
         with pytest.raises(ConfigError):

@@ -77,8 +77,11 @@ class FakeTracker:
         if loss is not None:
             self.losses.append(loss)
 
-    def update_epoch(self, epoch: int | None = None) -> int:
+    def update_epoch(self, epoch: int | None = None, *,
+                     last_round: tuple | None = None) -> int:
         self.epochs.append(epoch)
+        if last_round is not None:
+            self.rounds.append(last_round)
         return epoch or 0
 
     def publish_now(self) -> None:

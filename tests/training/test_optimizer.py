@@ -553,6 +553,20 @@ def test_a_member_gone_after_a_complete_round_makes_the_peer_compare_states(gone
     opt.close()
 
 
+def test_the_report_of_the_next_epoch_names_the_round_s_contributors():
+    """The report that announces the next epoch says how the round ended and whose
+    values this peer's part took (a monitor credits those it names); the excluded
+    member is not named."""
+    node = FakeNode()
+    future = done_round(3)
+    future.result().excluded = (2,)
+    opt = step_one_complete_round(node, future)
+    members = [m.peer_id.to_base58() for m in future.result().group.members]
+    assert node.tracker.epochs[-1] == 1
+    assert node.tracker.rounds[-1] == (0, "averaged", 3, tuple(members[:2]))
+    opt.close()
+
+
 @pytest.mark.parametrize("disputed", [(), (1,)])
 def test_a_part_another_member_lacks_makes_the_peer_compare_states(disputed):
     """After the round a member said it lacks part 1, whose reducer is alive
