@@ -57,8 +57,12 @@ VOUCHING_OUTCOMES = frozenset({"averaged", "partial"})
 
 
 def tag_of(peer: str) -> bytes:
-    """A peer's round tag (``p2pdl.progress.round_tag``) from its base58 id."""
-    return round_tag(ID.from_base58(peer).to_bytes())
+    """A peer's round tag (``p2pdl.progress.round_tag``) from its base58 id
+    (empty, which no tag matches, for anything else)."""
+    try:
+        return round_tag(ID.from_base58(peer).to_bytes())
+    except ValueError:
+        return b""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -92,6 +92,7 @@ def test_the_default_tags_are_the_progress_layer_s():
 
     peer = ID.from_pubkey(create_new_key_pair(b"\x07" * 32).public_key)
     assert tag_of(peer.to_base58()) == round_tag(peer.to_bytes())
+    assert tag_of("not base58 0OIl") == b""
 
 
 def test_a_bad_target_is_refused():
