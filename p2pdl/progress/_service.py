@@ -73,7 +73,6 @@ from ._state import (
     check_loss,
     info_of,
     path_kind,
-    published_rate,
 )
 from .config import (
     MAX_ADDRS,
@@ -400,7 +399,7 @@ class ProgressTracker:
         rate = self._rate_override if self._rate_override is not None else self._ema.rate
         client = self.client_mode
         return PeerReport(self._peer_id.to_bytes(), self._epoch, self._samples,
-                          0.0 if self.auxiliary else published_rate(rate, client, self.config),
+                          0.0 if self.auxiliary else rate,
                           now, client, self.auxiliary, self.name, self._loss,
                           path_kind(self._host.paths().values()),
                           *(self._last_round or (None,) * 4))

@@ -183,16 +183,6 @@ def to_peer_report(report: Report) -> PeerReport:
                           info.round_group, info.round_contributors)))
 
 
-def published_rate(rate: float, client_mode: bool, config: ProgressConfig) -> float:
-    """The rate a peer publishes for a measured ``rate``: at most its role's cap
-    (and the absurd bound).  Two reports microseconds apart measure a rate no
-    receiver takes; published as measured, every report until the next one
-    would be dropped."""
-    cap = (config.max_client_samples_per_second if client_mode
-           else config.max_trainer_samples_per_second)
-    return min(rate, cap, config.max_samples_per_second)
-
-
 def path_kind(paths: Iterable[str]) -> str | None:
     """How a peer is reached (``ReportInfo.path``), from the paths of its
     connections now: the least direct of them, None with none."""

@@ -72,15 +72,11 @@ def flagged(node: Any, run_id: str | None = None) -> dict[str, dict[str, int]]:
 #: Seconds :func:`train_swarm` waits, at most, for its peers to see each other before training.
 JOIN_BARRIER = 30.0
 
-#: What a ``plausible_inflater`` claims in the step that completes the swarm's batch, in
-#: targets: far beyond its real batch, within every bound its reports are checked against.
-PLAUSIBLE_CLAIM = 8
-
 #: The roles :func:`train_swarm` knows.
-ROLES = ("honest", "late", "inflater", "plausible_inflater", "scaler", "liar", "liar0",
-         "lying_reducer", "equivocate", "sign_flip", "scale", "noise", "alie")
+ROLES = ("honest", "late", "inflater", "scaler", "liar", "liar0", "lying_reducer",
+         "equivocate", "sign_flip", "scale", "noise", "alie")
 #: The roles that corrupt the values they send every round (``p2pdl.training.ATTACKS``).
-_VALUE_ROLES = ("inflater", "plausible_inflater", "scaler", "sign_flip", "scale", "noise", "alie")
+_VALUE_ROLES = ("inflater", "scaler", "sign_flip", "scale", "noise", "alie")
 
 
 @dataclasses.dataclass
@@ -215,9 +211,7 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
     for ``run_id`` (the same settings for all).  Roles: ``honest``; ``late``
     (honest, starts once the others reached ``late_at``, from parameters
     shifted by 1.0: only a download can make it match); ``inflater``
-    (:class:`WeightInflater`); ``plausible_inflater`` (the same, claiming
-    :data:`PLAUSIBLE_CLAIM` targets: reports every receiver takes); ``scaler``
-    (:class:`GradientScaler`, -100);
+    (:class:`WeightInflater`); ``scaler`` (:class:`GradientScaler`, -100);
     ``sign_flip``, ``scale``, ``noise``, ``alie``, ``equivocate`` (as
     ``p2pdl.training.ATTACKS`` makes them);
     ``liar`` (:class:`EpochLiar`, lying from epoch
@@ -244,9 +238,6 @@ def train_swarm(task: ExampleTask, roles: Sequence[str], run_id: str, *,
             opt = opts[i] = make_optimizer(nodes[i], models[i])
             if roles[i] == "inflater":
                 drivers[i] = WeightInflater(opt)
-            elif roles[i] == "plausible_inflater":
-                drivers[i] = WeightInflater(
-                    opt, claimed_batch=PLAUSIBLE_CLAIM * opt.target_batch_size)
             elif roles[i] == "scaler":
                 drivers[i] = GradientScaler(opt)
             elif roles[i] in ("liar", "liar0"):

@@ -154,23 +154,6 @@ def test_two_honest_peers_hold_against_an_inflater_and_a_liar(task, honest_run):
     check_liar_flagged(outcome)
 
 
-def test_an_inflater_whose_reports_every_peer_takes_buys_no_weight(task, honest_run):
-    """A weight inflater that claims eight targets when the round is due: no report
-    of it is absurd or beyond its role's cap, so its evidence supports the claim;
-    the default rule weighs it at most a bounded multiple of the group's median,
-    and its flipped values stay an outlier.  The honest peers hold."""
-    outcome = run_scenario(task, ["honest", "honest", "honest", "plausible_inflater"],
-                           "plausible-inflater")
-    check_honest_peers(outcome, honest_run, ATTACK_BOUND)
-    check_attacks_mounted(outcome)
-    inflater = outcome.of("plausible_inflater")
-    assert outcome.stats[inflater]["inflated_steps"] >= 1
-    flags = outcome.flags_on(inflater)
-    assert not flags.get("impossible_samples") and not flags.get("impossible_rate"), flags
-    honest_ids = {outcome.peer_ids[i] for i in outcome.honest()}
-    assert not any(honest_ids & set(outcome.bans[i]) for i in outcome.honest()), outcome.bans
-
-
 def test_a_late_joiner_takes_the_honest_state_not_the_liars(task, honest_run):
     """Three honest peers (one joining late, from other parameters) and a liar that offers
     a poisoned state at epoch 10**6: the joiner downloads the honest peers' state."""
