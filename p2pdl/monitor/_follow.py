@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 #: Seconds between two looks at the view (default of ``interval``).
 DEFAULT_INTERVAL = 1.0
 #: Reports accepted between two looks that the ledger sees, at most (the
-#: oldest beyond are dropped: 100 peers reporting every 10 ms).
+#: oldest beyond are dropped): 1,000 peers reporting every 10 ms for a second.
 MAX_ACCEPTED = 100_000
 
 

@@ -80,9 +80,10 @@ class Credit:
 class Ledger:
     """The credits of one run, from the reports a monitor sees.
 
-    Feed it the view's reports, their round vouches and quorum epoch as
-    often as the view changes (:meth:`observe`); it returns the credits that
-    became due.  ``tag`` turns a peer's id as shown into its round tag
+    Feed it the reports seen since the last call (every one the monitor's
+    tracker accepted, and the view's latest), the rounds they name and the
+    quorum epoch, as often as the view changes (:meth:`observe`); it returns
+    the credits that became due.  ``tag`` turns a peer's id as shown into its round tag
     (default :func:`tag_of`, from base58).
     """
 
