@@ -34,12 +34,25 @@ value decoded; every bound is tested):
 
   Payload layout, for ``n`` values in ``k = ceil(n / block_size)`` blocks:
   ``k`` float32 minima | ``k`` float32 scales | ``n`` uint8 codes.
+* ``uint4`` -- the same with 16 levels, two codes per byte; about half a
+  byte per value.  Blocks default to :data:`DEFAULT_UINT4_BLOCK_SIZE` = 256
+  values (8 bytes of header per 128 of codes, 6 % overhead: with 16 levels
+  an outlier costs more resolution, so blocks are smaller).  ``scale = (max
+  - m) / 15``; per block ``|y - x| <= (max - min) / 30 * (1 + 2**-12)
+  + 2**-23 * max(|min|, |max|) + 2**-140`` (about 11 % relative error on
+  Gaussian values).
+
+  Payload layout: ``k`` float32 minima | ``k`` float32 scales |
+  ``ceil(n / 2)`` bytes of codes, value ``2i`` in the low four bits of byte
+  ``i`` and value ``2i + 1`` in the high four; with ``n`` odd the last high
+  four bits are 0.
 
 Encoding a NaN or an infinity (also a float64 value beyond float32's range)
 raises :class:`LocalProtocolError`.  Decoding is strict, since the bytes come
 from a peer: a payload of the wrong length, a NaN or infinity among float32 or
 fp16 values, a non-finite or out-of-range block minimum, a negative or
-non-finite scale all raise :class:`RemoteProtocolError`.  A decoded tensor is
+non-finite scale, a ``uint4`` payload whose unused last four bits are not 0
+all raise :class:`RemoteProtocolError`.  A decoded tensor is
 therefore always finite.
 
 :func:`choose_codec` picks a codec per tensor by its size
@@ -67,12 +80,14 @@ from ._norms import norm_upper
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Codec", "NoneCodec", "Float16Codec", "Uint8Codec", "CODECS", "CodecPolicy",
-           "choose_codec", "get_codec", "codec_from_header", "DEFAULT_BLOCK_SIZE",
-           "MAX_BLOCK_SIZE", "FP16_MAX", "UINT8_LIMIT"]
+__all__ = ["Codec", "NoneCodec", "Float16Codec", "Uint8Codec", "Uint4Codec", "CODECS",
+           "CodecPolicy", "choose_codec", "get_codec", "codec_from_header", "DEFAULT_BLOCK_SIZE",
+           "DEFAULT_UINT4_BLOCK_SIZE", "MAX_BLOCK_SIZE", "FP16_MAX", "UINT8_LIMIT"]
 
 #: Values per block of the ``uint8`` codec unless said otherwise.
 DEFAULT_BLOCK_SIZE = 4096
+#: Values per block of the ``uint4`` codec unless said otherwise.
+DEFAULT_UINT4_BLOCK_SIZE = 256
 #: The largest block size a peer may announce.
 MAX_BLOCK_SIZE = 2**24
 #: The largest finite fp16 value.
@@ -82,6 +97,8 @@ FP16_MAX = 65504.0
 UINT8_LIMIT = 2.0**125
 #: The largest scale a valid ``uint8`` block can have (range ``2**126`` / 255 < 2**119).
 _UINT8_MAX_SCALE = 2.0**119
+#: The same for ``uint4`` (``2**126`` / 15 < 2**123; ``2**125 + 15 * 2**123`` is finite).
+_UINT4_MAX_SCALE = 2.0**123
 #: Values per group of blocks worked on at once by ``uint8`` (4 MB of float32).
 _GROUP_VALUES = 2**20
 
@@ -307,6 +324,9 @@ class Uint8Codec(Codec):
 
     name: ClassVar[str] = "uint8"
     reencodes: ClassVar[bool] = False   # a block's range, decoded, may round otherwise
+    #: Codes per block: 0 .. levels.
+    levels: ClassVar[int] = 255
+    _max_scale: ClassVar[float] = _UINT8_MAX_SCALE
     block_size: int = DEFAULT_BLOCK_SIZE
 
     def __post_init__(self) -> None:
@@ -319,7 +339,24 @@ class Uint8Codec(Codec):
         return -(-numel // self.block_size)
 
     def encoded_size(self, numel: int) -> int:
-        return 8 * self.blocks(numel) + numel
+        return 8 * self.blocks(numel) + self._code_bytes(numel)
+
+    @staticmethod
+    def _code_bytes(numel: int) -> int:
+        return numel
+
+    def _codes_out(self, payload: torch.Tensor, blocks: int, numel: int) -> torch.Tensor:
+        """Where ``encode`` writes one uint8 code per value."""
+        return payload[8 * blocks:]
+
+    def _pack(self, payload: torch.Tensor, blocks: int, codes: torch.Tensor) -> None:
+        """Put the codes written in :meth:`_codes_out` into ``payload``."""
+
+    def _codes_in(self, view: memoryview, blocks: int, numel: int) -> torch.Tensor:
+        """One uint8 code per value, from a payload."""
+        import torch
+
+        return torch.frombuffer(view, dtype=torch.uint8, count=numel, offset=8 * blocks)
 
     def meta(self) -> dict[str, Any] | None:
         return {"block_size": self.block_size}
@@ -357,22 +394,23 @@ class Uint8Codec(Codec):
             flat = flat.clamp(-UINT8_LIMIT, UINT8_LIMIT)
             lo.clamp_(-UINT8_LIMIT, UINT8_LIMIT)
             hi.clamp_(-UINT8_LIMIT, UINT8_LIMIT)
-        scale = (hi - lo) / 255
+        levels = self.levels
+        scale = (hi - lo) / levels
         # Round the scale up where needed so that (x - lo) / scale never exceeds
-        # 255 (rounding is monotonic): the codes then need no clamping.
-        short = scale * 255 < hi - lo
+        # the levels (rounding is monotonic): the codes then need no clamping.
+        short = scale * levels < hi - lo
         scale = torch.where(short, torch.nextafter(scale, torch.full_like(scale, math.inf)),
                             scale)
-        # Codes are trunc(1/2 + (x - lo) / scale), in [0, 255] as computed: the
-        # conversion to uint8 truncates.  A constant block divides 0 by 1.
+        # Codes are trunc(1/2 + (x - lo) / scale), in [0, levels] as computed:
+        # the conversion to uint8 truncates.  A constant block divides 0 by 1.
         divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
         half = torch.full((1, 1), 0.5)
 
         blocks = lo.numel()
-        payload = torch.empty(8 * blocks + numel, dtype=torch.uint8)
+        payload = torch.empty(self.encoded_size(numel), dtype=torch.uint8)
         payload[: 4 * blocks].view(torch.float32).copy_(lo)
         payload[4 * blocks: 8 * blocks].view(torch.float32).copy_(scale)
-        codes = payload[8 * blocks:]
+        codes = self._codes_out(payload, blocks, numel)
         size = self.block_size
         full = numel // size
         group = max(1, _GROUP_VALUES // size)
@@ -387,6 +425,7 @@ class Uint8Codec(Codec):
         if numel > full * size:
             tail = (flat[full * size:] - lo[-1]) / divisor[-1] + 0.5
             codes[full * size:].copy_(tail)
+        self._pack(payload, blocks, codes)
         return _bytes_of(payload)
 
     def decode(self, payload: bytes | bytearray | memoryview, numel: int, *,
@@ -400,17 +439,18 @@ class Uint8Codec(Codec):
         blocks = self.blocks(numel)
         lo = torch.frombuffer(view, dtype=torch.float32, count=blocks)
         scale = torch.frombuffer(view, dtype=torch.float32, count=blocks, offset=4 * blocks)
-        codes = torch.frombuffer(view, dtype=torch.uint8, count=numel, offset=8 * blocks)
         # NaN fails every comparison, so these also reject NaN and infinities.
         if not bool((lo.abs() <= UINT8_LIMIT).all()):
             raise RemoteProtocolError(
-                f"uint8 payload has a block minimum that is not finite or beyond "
+                f"{self.name} payload has a block minimum that is not finite or beyond "
                 f"+-{UINT8_LIMIT:g}")
-        if not bool(((scale >= 0) & (scale <= _UINT8_MAX_SCALE)).all()):
+        if not bool(((scale >= 0) & (scale <= self._max_scale)).all()):
             raise RemoteProtocolError(
-                "uint8 payload has a block scale that is negative, not finite or too large")
-        # With |lo| <= 2**125 and 0 <= scale <= 2**119, lo + 255 * scale < 2**128:
-        # every decoded value is finite.
+                f"{self.name} payload has a block scale that is negative, not finite or "
+                f"too large")
+        codes = self._codes_in(view, blocks, numel)
+        # With |lo| <= 2**125 and 0 <= scale <= 2**119 (uint8; 2**123 for uint4),
+        # lo + levels * scale < 2**128: every decoded value is finite.
         size = self.block_size
         full = numel // size
         group = max(1, _GROUP_VALUES // size)
@@ -434,11 +474,52 @@ class Uint8Codec(Codec):
         x = flat.double()
         clamped = x.clamp(-UINT8_LIMIT, UINT8_LIMIT)
         lo, hi = (s.double() for s in self._block_stats(flat.clamp(-UINT8_LIMIT, UINT8_LIMIT)))
-        per_block = ((hi - lo) / 510 * (1 + 2.0**-12)
+        per_block = ((hi - lo) / (2 * self.levels) * (1 + 2.0**-12)
                      + 2.0**-23 * torch.maximum(lo.abs(), hi.abs()) + 2.0**-140)
         sizes = torch.full((lo.numel(),), self.block_size)
         sizes[-1] = flat.numel() - self.block_size * (lo.numel() - 1)
         return per_block.repeat_interleave(sizes) + (x - clamped).abs()
+
+
+@dataclasses.dataclass(frozen=True)
+class Uint4Codec(Uint8Codec):
+    """4-bit blockwise quantization (16 levels), two codes per byte, with a
+    float32 minimum and scale per block."""
+
+    name: ClassVar[str] = "uint4"
+    levels: ClassVar[int] = 15
+    _max_scale: ClassVar[float] = _UINT4_MAX_SCALE
+    block_size: int = DEFAULT_UINT4_BLOCK_SIZE
+
+    @staticmethod
+    def _code_bytes(numel: int) -> int:
+        return (numel + 1) // 2
+
+    def _codes_out(self, payload: torch.Tensor, blocks: int, numel: int) -> torch.Tensor:
+        import torch
+
+        # Room for an even count: the last code of an odd count pairs with a 0.
+        codes = torch.empty(2 * self._code_bytes(numel), dtype=torch.uint8)
+        codes[-1] = 0
+        return codes[:numel]
+
+    def _pack(self, payload: torch.Tensor, blocks: int, codes: torch.Tensor) -> None:
+        import torch
+
+        pairs = codes.as_strided((self._code_bytes(codes.numel()), 2), (2, 1))
+        torch.bitwise_or(pairs[:, 0], pairs[:, 1] << 4, out=payload[8 * blocks:])
+
+    def _codes_in(self, view: memoryview, blocks: int, numel: int) -> torch.Tensor:
+        import torch
+
+        packed = torch.frombuffer(view, dtype=torch.uint8, count=self._code_bytes(numel),
+                                  offset=8 * blocks)
+        if numel % 2 and int(packed[-1]) >> 4:
+            raise RemoteProtocolError("uint4 payload has a code after its last value")
+        codes = torch.empty((packed.numel(), 2), dtype=torch.uint8)
+        torch.bitwise_and(packed, 15, out=codes[:, 0])
+        torch.bitwise_right_shift(packed, 4, out=codes[:, 1])
+        return codes.view(-1)[:numel]
 
 
 #: The codecs by name, with their default parameters.
@@ -446,15 +527,20 @@ CODECS: dict[str, Codec] = {
     NoneCodec.name: NoneCodec(),
     Float16Codec.name: Float16Codec(),
     Uint8Codec.name: Uint8Codec(),
+    Uint4Codec.name: Uint4Codec(),
 }
+#: The codecs that take a ``block_size``.
+_BLOCKED: dict[str, type[Uint8Codec]] = {Uint8Codec.name: Uint8Codec,
+                                         Uint4Codec.name: Uint4Codec}
 
 
-def get_codec(name: str, block_size: int = DEFAULT_BLOCK_SIZE) -> Codec:
-    """The codec called ``name`` (``block_size`` is for ``uint8``).  ConfigError if unknown."""
+def get_codec(name: str, block_size: int | None = None) -> Codec:
+    """The codec called ``name``; ``block_size`` is for ``uint8`` and
+    ``uint4`` (None: theirs, 4096 and 256).  ConfigError if unknown."""
     if name not in CODECS:
         raise ConfigError(f"unknown codec {name!r}; known: {', '.join(CODECS)}")
-    if name == Uint8Codec.name and block_size != DEFAULT_BLOCK_SIZE:
-        return Uint8Codec(block_size)
+    if name in _BLOCKED and block_size is not None:
+        return _BLOCKED[name](block_size)
     return CODECS[name]
 
 
@@ -462,12 +548,12 @@ def codec_from_header(name: str, meta: dict[str, Any] | None) -> Codec:
     """The codec a peer's TENSOR header names; RemoteProtocolError if it is not valid."""
     if name not in CODECS:
         raise RemoteProtocolError(f"unknown codec {name!r}")
-    if name != Uint8Codec.name:
+    if name not in _BLOCKED:
         if meta:
             raise RemoteProtocolError(f"codec {name!r} takes no parameters, got {meta!r}")
         return CODECS[name]
-    if meta is None or set(meta) != {"block_size"}:
-        raise RemoteProtocolError(f"codec 'uint8' needs exactly a block_size, got {meta!r}")
+    if not isinstance(meta, dict) or set(meta) != {"block_size"}:
+        raise RemoteProtocolError(f"codec {name!r} needs exactly a block_size, got {meta!r}")
     try:
         return get_codec(name, meta["block_size"])
     except ConfigError as exc:
@@ -481,16 +567,18 @@ class CodecPolicy:
     ``small`` (default ``none``) for tensors of fewer than ``threshold``
     values (default ``2**16``: biases and norms, exact and cheap), ``large``
     (default ``fp16``: half the bytes at a relative error of ``2**-11``)
-    for the rest.  ``block_size`` (default 4096) is for ``uint8``.
+    for the rest.  ``block_size`` is for ``uint8`` and ``uint4`` (None:
+    theirs, 4096 and 256 values).
     """
 
     small: str = "none"
     large: str = "fp16"
     threshold: int = 2**16
-    block_size: int = DEFAULT_BLOCK_SIZE
+    block_size: int | None = None
 
     def __post_init__(self) -> None:
-        Uint8Codec(self.block_size)
+        if self.block_size is not None:
+            Uint8Codec(self.block_size)
         for name in (self.small, self.large):
             get_codec(name, self.block_size)
         if not isinstance(self.threshold, int) or self.threshold < 0:

@@ -17,12 +17,18 @@ from p2pdl.averaging import (
     CodecPolicy,
     Float16Codec,
     NoneCodec,
+    Uint4Codec,
     Uint8Codec,
     choose_codec,
     codec_from_header,
     get_codec,
 )
-from p2pdl.averaging._codecs import DEFAULT_BLOCK_SIZE, FP16_MAX, UINT8_LIMIT
+from p2pdl.averaging._codecs import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_UINT4_BLOCK_SIZE,
+    FP16_MAX,
+    UINT8_LIMIT,
+)
 from p2pdl.averaging._norms import norm_upper
 from p2pdl.errors import ConfigError, LocalProtocolError, RemoteProtocolError
 from p2pdl.wire import TensorHeader
@@ -33,7 +39,8 @@ FLOATS = st.floats(width=32, allow_nan=False, allow_infinity=False)
 # Values of one scale with an occasional outlier: what gradients look like.
 MODERATE = st.one_of(st.floats(-10, 10, width=32), FLOATS)
 SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=40)
-ALL = [NoneCodec(), Float16Codec(), Uint8Codec(), Uint8Codec(block_size=7)]
+ALL = [NoneCodec(), Float16Codec(), Uint8Codec(), Uint8Codec(block_size=7), Uint4Codec(),
+       Uint4Codec(block_size=7)]
 
 
 def tensors(elements=MODERATE):
@@ -114,6 +121,36 @@ def test_uint8_error_is_within_half_a_step_per_block(t, block_size):
         bound = (hi - lo) / 510 * (1 + 2**-12) + 2**-23 * max(abs(lo), abs(hi)) + 2**-140
         beyond = (flat[start:start + block_size] - block).abs()
         assert bool((err[start:start + block_size] <= bound + beyond).all())
+
+
+@settings(max_examples=300, deadline=None)
+@given(tensors(st.one_of(MODERATE, st.floats(-2.0**-130, 2.0**-130, width=32))),
+       st.sampled_from([1, 2, 5, 64, DEFAULT_UINT4_BLOCK_SIZE]))
+def test_uint4_error_is_within_half_a_step_per_block(t, block_size):
+    codec = Uint4Codec(block_size)
+    y = roundtrip(codec, t)
+    flat = t.reshape(-1).double()
+    err = error(t, y)
+    assert bool((err <= codec.error_bound(t)).all())
+    clamped = flat.clamp(-UINT8_LIMIT, UINT8_LIMIT)
+    for start in range(0, flat.numel(), block_size):
+        block = clamped[start:start + block_size]
+        lo, hi = float(block.min()), float(block.max())
+        bound = (hi - lo) / 30 * (1 + 2**-12) + 2**-23 * max(abs(lo), abs(hi)) + 2**-140
+        beyond = (flat[start:start + block_size] - block).abs()
+        assert bool((err[start:start + block_size] <= bound + beyond).all())
+
+
+def test_uint4_packs_two_codes_per_byte_low_first():
+    """One block [0, 15] of 5 values, codes 1, 15, 4, 0, 15: bytes 0xF1, 0x04, 0x0F."""
+    t = torch.tensor([1.0, 15.0, 4.0, 0.0, 15.0])
+    payload = bytes(Uint4Codec(5).encode(t))
+    assert payload == struct.pack("<2f", 0.0, 1.0) + bytes([0xF1, 0x04, 0x0F])
+    assert Uint4Codec(5).decode(payload, 5).tolist() == t.tolist()
+    # An odd count leaves the last high four bits 0; others are refused.
+    with pytest.raises(RemoteProtocolError, match="after its last value"):
+        Uint4Codec(5).decode(payload[:-1] + bytes([0x1F]), 5)
+    assert Uint4Codec().encoded_size(10_000_000) == 5_000_000 + 8 * 39063
 
 
 @settings(max_examples=50, deadline=None)
@@ -308,13 +345,14 @@ def test_decoding_garbage_never_yields_nan_or_infinity(data):
     codec = data.draw(st.sampled_from(ALL))
     numel = data.draw(st.integers(0, 30))
     size = codec.encoded_size(numel)
-    if codec.name == "uint8":
+    if codec.name in ("uint8", "uint4"):
         # Mostly plausible floats for the block headers, so that some pass.
         blocks = codec.blocks(numel)
         head = data.draw(st.lists(st.floats(width=32), min_size=2 * blocks,
                                   max_size=2 * blocks))
+        codes = size - 8 * blocks
         payload = struct.pack(f"<{2 * blocks}f", *head) + data.draw(
-            st.binary(min_size=numel, max_size=numel))
+            st.binary(min_size=codes, max_size=codes))
     else:
         payload = data.draw(st.binary(min_size=size, max_size=size))
     try:
@@ -328,10 +366,12 @@ def test_decoding_garbage_never_yields_nan_or_infinity(data):
 
 
 def test_the_codecs_by_name():
-    assert set(CODECS) == {"none", "fp16", "uint8"}
+    assert set(CODECS) == {"none", "fp16", "uint8", "uint4"}
     assert all(codec.name == name for name, codec in CODECS.items())
     assert get_codec("uint8") == Uint8Codec(DEFAULT_BLOCK_SIZE)
     assert get_codec("uint8", 64) == Uint8Codec(64)
+    assert get_codec("uint4") == Uint4Codec(DEFAULT_UINT4_BLOCK_SIZE)
+    assert get_codec("uint4", 64) == Uint4Codec(64)
     with pytest.raises(ConfigError):
         get_codec("zstd")
     for bad in (0, -1, 2**24 + 1, 1.5, True):
@@ -349,6 +389,8 @@ def test_choose_codec_by_size():
     custom = CodecPolicy(small="fp16", large="uint8", threshold=1000, block_size=256)
     assert choose_codec(999, custom) == Float16Codec()
     assert choose_codec(1000, custom) == Uint8Codec(256)
+    assert choose_codec(1000, CodecPolicy(large="uint4", threshold=1000)) == Uint4Codec(256)
+    assert choose_codec(1000, CodecPolicy(large="uint8", threshold=1000)) == Uint8Codec(4096)
     for bad in (dict(small="gzip"), dict(large="uint9"), dict(threshold=-1),
                 dict(block_size=0)):
         with pytest.raises(ConfigError):
@@ -361,7 +403,8 @@ def test_codec_from_header_checks_what_the_peer_announced():
     for name, meta in [("gzip", None), ("none", {"block_size": 4}), ("uint8", None),
                        ("uint8", {}), ("uint8", {"block_size": 0}),
                        ("uint8", {"block_size": "4096"}), ("uint8", {"block_size": 2**30}),
-                       ("uint8", {"block_size": 64, "extra": 1})]:
+                       ("uint8", {"block_size": 64, "extra": 1}), ("uint4", None),
+                       ("uint4", {"block_size": 0}), ("uint4", [64])]:
         with pytest.raises(RemoteProtocolError):
             codec_from_header(name, meta)
 

@@ -78,7 +78,7 @@ def judged(proof: KeptProof):
     return judge(proof.header, plan, proof.result, proof.own, proof.shown)
 
 
-@pytest.mark.parametrize("codec", ["fp16", "uint8"])
+@pytest.mark.parametrize("codec", ["fp16", "uint8", "uint4"])
 async def test_a_lying_reducers_proof_convinces_a_member_outside_the_group(
         monkeypatch, autojump_clock, codec):
     # (uint8 payloads do not come back byte for byte from their values: kept)
@@ -261,7 +261,7 @@ def test_a_receiver_keeps_only_the_payloads_its_codec_does_not_give_back():
             codec.decode(payload, 5000, out=back)
             differs += bytes(codec.encode(back)) != payload
         assert (differs == 0) == codec.reencodes, name
-    for large, kept in (("uint8", True), ("fp16", False)):
+    for large, kept in (("uint8", True), ("uint4", True), ("fp16", False)):
         layout = Layout.for_tensors([10, 3000], [0.5, 0.5],
                                     CodecPolicy(large=large, threshold=100), 1024)
         values = torch.randn(layout.numel)

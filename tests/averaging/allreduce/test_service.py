@@ -139,7 +139,7 @@ async def test_a_second_round_and_inplace():
         assert stats["round_seconds"] == pytest.approx(totals[2]) and totals[2] > 0
 
 
-@pytest.mark.parametrize("codec", ["fp16", "uint8"])
+@pytest.mark.parametrize("codec", ["fp16", "uint8", "uint4"])
 async def test_codecs_stay_within_their_bounds_and_members_agree(codec):
     config = AllReduceConfig(aggregator=MEAN, codecs=CodecPolicy(large=codec, threshold=100),
                              chunk_values=4096,
