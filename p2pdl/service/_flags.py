@@ -132,6 +132,26 @@ class FlagBook:
             return False
         return True
 
+    def banned_peers(self, run_id: str, now: float, limit: int) -> list[bytes]:
+        """The peers banned from ``run_id`` at ``now`` (their ids' bytes), the
+        most recently banned first, at most ``limit``."""
+        out = []
+        for (key, run), (until, _) in reversed(self._bans.items()):
+            if len(out) >= limit:
+                break
+            if run == run_id and until > now:
+                out.append(key)
+        return out
+
+    def suspects(self, peer: ID | bytes, run_id: str, now: float) -> bool:
+        """Whether this node holds evidence against ``peer`` in ``run_id``: it
+        is banned from the run, or flagged there for a kind that bans (a
+        strike towards a ban)."""
+        if self.is_banned(peer, run_id, now):
+            return True
+        key = peer.to_bytes() if isinstance(peer, ID) else bytes(peer)
+        return any((key, run_id, kind) in self._strikes for kind in self.ban_after)
+
     def banned(self, run_id: str | None = None, now: float | None = None
                ) -> dict[str, dict[str, object]]:
         """The bans in force (of ``run_id``, or all): base58 id -> run, until, reason."""

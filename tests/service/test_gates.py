@@ -71,3 +71,22 @@ def test_both_gates_need_both_and_a_user_gate_may_only_admit():
     assert both.credential("run") is None
     newcomer = peer()
     assert both.learn(newcomer, "run", b"ok") and both.is_member(newcomer, "run")
+
+
+def test_the_book_names_a_runs_latest_bans_and_whom_it_suspects():
+    """What a matchmaking joiner refuses (its latest bans, bounded) and what
+    lets a leader leave a refused member out (a ban, or a strike in the run)."""
+    a, b, c, d = peer(), peer(), peer(), peer()
+    flags = FlagBook(ban_seconds=10.0)
+    flags.ban(a, "run", 0.0, "test")
+    flags.ban(b, "run", 1.0, "test")
+    flags.ban(c, "other", 1.0, "test")
+    assert flags.banned_peers("run", 2.0, 16) == [b.to_bytes(), a.to_bytes()]
+    assert flags.banned_peers("run", 2.0, 1) == [b.to_bytes()]
+    assert flags.banned_peers("run", 10.5, 16) == [b.to_bytes()]   # a's ban ended
+    assert flags.suspects(a, "run", 2.0) and not flags.suspects(c, "run", 2.0)
+    flags.flag(d, "run", "epoch_ahead", 2.0)      # a kind that never bans: no evidence
+    assert not flags.suspects(d, "run", 2.0)
+    flags.flag(d, "run", "outlier_values", 2.0)   # one strike of three
+    assert flags.suspects(d, "run", 2.0) and not flags.suspects(d, "other", 2.0)
+    assert not flags.is_banned(d, "run", 2.0)

@@ -20,6 +20,7 @@ from .config import (
     MAX_JOIN_WAIT,
     MAX_PEER_ID_SIZE,
     MAX_RATE,
+    MAX_REFUSED,
     MAX_RUN_ID_LENGTH,
     MIN_RATE,
 )
@@ -38,6 +39,9 @@ REJECT_CODES = {
                 "leader's",
     "expired": "the request's wait ended before the group formed",
     "busy": "the peer holds as many join requests as it may",
+    "excluded": "the group formed without the peer: a member refuses it and the leader "
+                "holds evidence against it too, or it refuses a member the leader holds "
+                "none against",
 }
 
 
@@ -53,7 +57,10 @@ class Join(Message, tag="mm.join"):
     ``auxiliary``, ``bandwidth`` and ``reduce_rate`` feed the leader's load
     plan (a client-mode peer cannot be auxiliary).  ``aggregation``: the
     digest of the all-reduce aggregation rule the peer averages with
-    (``aggregation_digest``); nil: the plain mean.
+    (``aggregation_digest``); nil: the plain mean.  ``refuses``: peers the
+    joiner will not average with (those it banned from the run, at most
+    MAX_REFUSED); the leader keeps such a pair out of one group
+    (protocols/matchmaking.md, Refused members).
     """
 
     run_id: Annotated[str, MaxLen(MAX_RUN_ID_LENGTH)]  # the same bound as service.RunId
@@ -65,6 +72,8 @@ class Join(Message, tag="mm.join"):
     bandwidth: Rate | None = None
     reduce_rate: Rate | None = None
     aggregation: Annotated[bytes, MaxLen(AGGREGATION_DIGEST_SIZE)] | None = None
+    refuses: Annotated[list[Annotated[bytes, MaxLen(MAX_PEER_ID_SIZE)]],
+                       MaxLen(MAX_REFUSED)] | None = None
 
 
 class MemberEntry(Message, tag="mm.member"):

@@ -67,6 +67,7 @@ from .config import (
     MAX_DETAIL_LENGTH,
     MAX_GROUP_SIZE,
     MAX_MATCHMAKING_TIME,
+    MAX_REFUSED,
     MatchmakingConfig,
 )
 
@@ -114,7 +115,9 @@ class MatchmakingStatistics(Statistics):
     members of the run; ``non_members_ignored``, entries of a round's view
     left out because their peer is no averaging member of the run (or did not
     show it within INTRODUCE_WAIT); ``late_members_awaited``, groups whose leader, about to
-    finalize early, saw peers that announced since it planned and waited for them."""
+    finalize early, saw peers that announced since it planned and waited for them;
+    ``refusals_resolved``, groups this peer led that left out a joiner, or
+    the members it refused (``mm.join``'s ``refuses``)."""
 
     active_rounds: int
     held_joins: int
@@ -132,6 +135,7 @@ class MatchmakingStatistics(Statistics):
     non_members_ignored: int = 0
     view_fetches: int = 0
     late_members_awaited: int = 0
+    refusals_resolved: int = 0
 
 
 #: The counters of :meth:`MatchmakingService.statistics`.
@@ -201,6 +205,8 @@ class MatchmakingService:
         self._dht = dht
         self._reachability = reachability
         self._members = context.members
+        self._flags = context.flags
+        self._clock = context.clock
         self._introduce = context.introduce
         # The rendezvous keys of a guarded run are that run's: members only.
         dht.scope_run_keys(GROUP_PREFIX, run_of_round_key)
@@ -460,8 +466,14 @@ class MatchmakingService:
                                  round_.run_id, round_.epoch, len(late))
                     state.expect(late)
         run_id = round_.run_id
+        now = self._clock()
         group = state.finalize(trio.current_time(),
-                               lambda p: self._host.is_connected(p) and self._averages(p, run_id))
+                               lambda p: self._host.is_connected(p) and self._averages(p, run_id),
+                               lambda p: self._flags.suspects(p, run_id, now))
+        if state.excluded:
+            self._counters["refusals_resolved"] += 1
+            logger.info("matchmaking %s/%d: left out %s (refused by a member)", run_id,
+                        round_.epoch, ", ".join(_short(p) for p in state.excluded))
         logger.debug("matchmaking %s/%d: finalized with %s members", round_.run_id,
                      round_.epoch, group and len(group))
         if group is not None:
@@ -488,8 +500,10 @@ class MatchmakingService:
             self._counters["non_members_skipped"] += 1
             notes.append(f"{_short(leader)}: not an averaging member")
             return "not_member"
+        refused = self._flags.banned_peers(round_.run_id, self._clock(), MAX_REFUSED)
         request = Join(round_.run_id, round_.epoch, params.target_group_size, me.client_mode,
-                       wait, me.auxiliary, me.bandwidth, me.reduce_rate, round_.aggregation)
+                       wait, me.auxiliary, me.bandwidth, me.reduce_rate, round_.aggregation,
+                       refused or None)
         self._counters["joins_sent"] += 1
         logger.debug("matchmaking %s/%d: asking %s to join", round_.run_id, round_.epoch, leader)
         try:
@@ -583,7 +597,8 @@ class MatchmakingService:
                                                  auxiliary=request.auxiliary,
                                                  bandwidth=request.bandwidth,
                                                  reduce_rate=request.reduce_rate,
-                                                 aggregation=request.aggregation)
+                                                 aggregation=request.aggregation,
+                                                 refuses=[ID(p) for p in request.refuses or ()])
                         if isinstance(verdict, Refusal):
                             return _rejected(verdict)
                         if verdict is ACCEPTED:

@@ -10,7 +10,9 @@ clock), so the rules are tested without a network and can drive a simulator.
   target size and finalizes when its plan's members have all joined (if
   they make at least ``min_group_size``), when it is full, or at its
   deadline.  At finalization it drops joiners whose wait ended or whose
-  connection is gone; a group smaller than ``min_group_size`` is disbanded.
+  connection is gone, and keeps apart the pairs where one refuses the other
+  (:meth:`LeaderState.finalize`); a group smaller than ``min_group_size``
+  is disbanded.
 * A **round** (:class:`MatchmakingRound`) is one peer's part in one
   (run, epoch): gathering, then leading or joining, then done.  Join requests
   that arrive while its role is undecided are held, not refused.
@@ -90,6 +92,7 @@ Outcome = Group | Refusal
 class _Joiner:
     info: GroupMemberInfo
     wait_until: float
+    refuses: frozenset[ID] = frozenset()
 
 
 class LeaderState:
@@ -117,6 +120,8 @@ class LeaderState:
         self.finalize_at = finalize_at
         self.planner = planner
         self.joiners: dict[ID, _Joiner] = {}  # in order of arrival
+        # joiners left out at finalization for a refusal, and why
+        self.excluded: dict[ID, Refusal] = {}
         self.status = "open"  # then "finalized" or "disbanded"
         self.group: Group | None = None
         self.disband_detail = ""
@@ -127,9 +132,10 @@ class LeaderState:
 
     def offer(self, peer: ID, client_mode: bool, target_group_size: int, wait_until: float,
               now: float, *, auxiliary: bool = False, bandwidth: float | None = None,
-              reduce_rate: float | None = None) -> Verdict:
+              reduce_rate: float | None = None, refuses: Iterable[ID] = ()) -> Verdict:
         """A join request from ``peer`` that waits until ``wait_until``, with
-        the role and capacity it declared (checked by :func:`check_capacity`)."""
+        the role and capacity it declared (checked by :func:`check_capacity`)
+        and the peers it refuses to average with."""
         if self.status == "finalized":
             return Refusal("finalized", "the group was already formed")
         if self.status == "disbanded":
@@ -144,12 +150,13 @@ class LeaderState:
         if joiner is not None:  # a repeated request (the first one timed out, say)
             joiner.info = info
             joiner.wait_until = max(joiner.wait_until, wait_until)
+            joiner.refuses = frozenset(refuses)
             return ACCEPTED
         if self.size >= self.target_group_size:
             self._drop_expired(now)
         if self.size >= self.target_group_size:
             return Refusal("full", f"the group has {self.size} of {self.target_group_size}")
-        self.joiners[peer] = _Joiner(info, wait_until)
+        self.joiners[peer] = _Joiner(info, wait_until, frozenset(refuses))
         return ACCEPTED
 
     def _drop_expired(self, now: float) -> None:
@@ -177,15 +184,25 @@ class LeaderState:
             or (self.expected is not None and self.expected <= self.joiners.keys()
                 and self.size >= self.min_group_size))
 
-    def finalize(self, now: float, alive: Callable[[ID], bool] = lambda _: True) -> Group | None:
+    def finalize(self, now: float, alive: Callable[[ID], bool] = lambda _: True,
+                 suspect: Callable[[ID], bool] = lambda _: False) -> Group | None:
         """Form the group of the leader and the joiners still waiting and
         connected (``alive``), with its load plan (``planner``); None (the
-        group is disbanded) if it is smaller than ``min_group_size``."""
+        group is disbanded) if it is smaller than ``min_group_size``.
+
+        A joiner that refuses another member (a peer it banned) would refuse
+        the group: such pairs are kept apart, in order of arrival.  Where
+        the leader holds evidence against every member the joiner refuses
+        (``suspect``: it flagged them too), those members are left out;
+        otherwise (or where it refuses the leader) the joiner is.  So a
+        joiner's word alone never removes anyone but itself.  Whoever is
+        left out is answered ``excluded``."""
         if self.status != "open":
             return self.group
         self._drop_expired(now)
         for peer in [p for p in self.joiners if not alive(p)]:
             del self.joiners[peer]
+        self._keep_apart(suspect)
         if self.size < self.min_group_size:
             self.disband(f"only {self.size} member(s); at least {self.min_group_size} needed")
             return None
@@ -193,6 +210,29 @@ class LeaderState:
                                 (j.info for j in self.joiners.values()), self.planner)
         self.status = "finalized"
         return self.group
+
+    def _keep_apart(self, suspect: Callable[[ID], bool]) -> None:
+        """Leave out joiners, or the members they refuse (:meth:`finalize`)."""
+        leader = self.leader.peer_id
+        for peer in list(self.joiners):
+            joiner = self.joiners.get(peer)
+            if joiner is None:   # left out by an earlier joiner's refusal
+                continue
+            refused = [p for p in joiner.refuses
+                       if p != peer and (p == leader or p in self.joiners)]
+            if not refused:
+                continue
+            if leader in refused or not all(suspect(p) for p in refused):
+                del self.joiners[peer]
+                self.excluded[peer] = Refusal(
+                    "excluded", f"it refuses {len(refused)} member(s) this leader holds no "
+                                f"evidence against")
+                continue
+            for p in refused:
+                del self.joiners[p]
+                self.excluded[p] = Refusal(
+                    "excluded", "a member refuses it, and this leader holds evidence "
+                                "against it too")
 
     def disband(self, detail: str) -> None:
         """Give the group up before it formed: every held joiner is refused."""
@@ -209,6 +249,8 @@ class LeaderState:
         assert self.group is not None
         if peer in self.group.peer_ids:
             return self.group
+        if peer in self.excluded:
+            return self.excluded[peer]
         return Refusal("expired", "the request's wait ended, or its connection closed, "
                                   "before the group formed")
 
@@ -248,7 +290,8 @@ class MatchmakingRound:
 
     def on_join(self, peer: ID, client_mode: bool, target_group_size: int, wait_until: float,
                 now: float, *, auxiliary: bool = False, bandwidth: float | None = None,
-                reduce_rate: float | None = None, aggregation: bytes | None = None) -> Verdict:
+                reduce_rate: float | None = None, aggregation: bytes | None = None,
+                refuses: Iterable[ID] = ()) -> Verdict:
         """HOLD, ACCEPTED or a :class:`Refusal` for a join request from ``peer``.
 
         ``aggregation``: the digest of the joiner's aggregation rule (None:
@@ -264,7 +307,7 @@ class MatchmakingRound:
             assert self.leader is not None
             verdict = self.leader.offer(peer, client_mode, target_group_size, wait_until, now,
                                         auxiliary=auxiliary, bandwidth=bandwidth,
-                                        reduce_rate=reduce_rate)
+                                        reduce_rate=reduce_rate, refuses=refuses)
             if verdict is ACCEPTED:
                 self._changed()
             return verdict

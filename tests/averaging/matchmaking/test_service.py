@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import time
 
 import msgpack
 import pytest
@@ -252,6 +253,33 @@ async def test_a_planned_leader_that_is_not_matchmaking_is_skipped(autojump_cloc
         assert ghost.matchmaking.statistics()["joins_refused"] >= 3  # unknown_run
 
 
+@pytest.mark.parametrize("evidence", [True, False])
+async def test_a_joiner_that_banned_a_member_is_not_split_off(autojump_clock, evidence):
+    """Joiner A banned X; the leader has not.  With a strike of its own against
+    X the leader leaves X out and A averages with the others; without one it
+    leaves A out (A's word alone removes nobody else)."""
+    async with open_memory_nodes(4, mm_config(target_group_size=4,
+                                              matchmaking_time=10)) as nodes:
+        await wait_for_dht(nodes)
+        everyone = [info(n) for n in nodes]
+        # nodes[0] leads all four, and the three the joiner sees
+        run_id = next(r for r in (f"refused-{n}" for n in itertools.count())
+                      if plan_groups(r, 1, everyone, 4).leaders == (nodes[0].peer_id,)
+                      and plan_groups(r, 1, everyone[:3], 4).leaders == (nodes[0].peer_id,))
+        leader, joiner, other, banned = nodes
+        joiner.flags.ban(banned.peer_id, run_id, time.time(), "test")
+        if evidence:
+            leader.flags.flag(banned.peer_id, run_id, "outlier_values", 0.0)
+        results = await form_all(nodes, run_id)
+        kept, left = ((leader, joiner, other), banned) if evidence \
+            else ((leader, other, banned), joiner)
+        groups = groups_of(nodes, results)
+        assert [set(g.peer_ids) for g in groups.values()] == [{n.peer_id for n in kept}]
+        assert isinstance(results[nodes.index(left)], MatchmakingFailedError)
+        assert "excluded" in str(results[nodes.index(left)])
+        assert leader.matchmaking.statistics()["refusals_resolved"] == 1
+
+
 async def test_a_late_arrival_joins_a_group_that_is_still_open(autojump_clock):
     config = mm_config(target_group_size=8, matchmaking_time=12, join_window=4)
     async with open_memory_nodes(5, config) as nodes:
@@ -436,6 +464,12 @@ async def test_malformed_join_requests_reset_only_their_stream():
                                                  "target_group_size": 2, "client_mode": False,
                                                  "wait": 1.0, "bandwidth": 1e13}])
         await raw(frame_header(FrameKind.MESSAGE, len(too_fast)) + too_fast)
+        for refuses in ([b"p"] * 17, [b"p" * 65], "not a list"):   # MAX_REFUSED, a peer id
+            refusing = msgpack.packb(["mm.join", 1, {"run_id": "r", "epoch": 1,
+                                                     "target_group_size": 2,
+                                                     "client_mode": False, "wait": 1.0,
+                                                     "refuses": refuses}])
+            await raw(frame_header(FrameKind.MESSAGE, len(refusing)) + refusing)
         # The server keeps serving everyone, the attacker included.
         results = await form_all([server, honest], "after-attack")
         assert len(groups_of([server, honest], results)) == 1

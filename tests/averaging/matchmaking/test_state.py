@@ -309,6 +309,52 @@ def test_finalizing_drops_joiners_that_stopped_waiting_or_disconnected():
     assert state.outcome(peer(2)) == group
 
 
+def test_a_joiner_that_refuses_a_member_the_leader_suspects_keeps_it_out():
+    """Joiner 1 banned peer 3; the leader flagged 3 too: 3 is left out, 1 stays."""
+    state = leader_state(target=8, min_size=2)
+    for i in (1, 2, 3):
+        state.offer(peer(i), False, 8, 20.0, now=0.0, refuses=[peer(3)] if i == 1 else ())
+    group = state.finalize(6.0, suspect=lambda p: p == peer(3))
+    assert set(group.peer_ids) == {peer(0), peer(1), peer(2)}
+    assert state.outcome(peer(3)).code == "excluded"
+    assert "evidence against it" in state.outcome(peer(3)).detail
+    assert state.outcome(peer(1)) == group
+
+
+def test_a_joiners_word_alone_removes_only_itself():
+    """Without evidence of its own (or when the leader is refused) the leader
+    leaves out the joiner that refuses, never the member it names."""
+    state = leader_state(target=8, min_size=2)
+    state.offer(peer(1), False, 8, 20.0, now=0.0, refuses=[peer(2), peer(3)])
+    state.offer(peer(2), False, 8, 20.0, now=0.0)
+    state.offer(peer(3), False, 8, 20.0, now=0.0)
+    group = state.finalize(6.0, suspect=lambda p: p == peer(3))   # 2 is not suspected
+    assert set(group.peer_ids) == {peer(0), peer(2), peer(3)}
+    assert state.outcome(peer(1)).code == "excluded"
+    state = leader_state(target=8, min_size=2)
+    state.offer(peer(1), False, 8, 20.0, now=0.0, refuses=[peer(0)])
+    state.offer(peer(2), False, 8, 20.0, now=0.0, refuses=[peer(9), peer(2)])  # absent, itself
+    group = state.finalize(6.0, suspect=lambda p: True)
+    assert set(group.peer_ids) == {peer(0), peer(2)}
+    assert state.outcome(peer(1)).code == "excluded"
+
+
+def test_refusals_are_resolved_in_order_of_arrival():
+    """1 refuses 2 (suspected): 2 goes, and 2's own refusal of 3 no longer counts."""
+    state = leader_state(target=8, min_size=2)
+    state.offer(peer(1), False, 8, 20.0, now=0.0, refuses=[peer(2)])
+    state.offer(peer(2), False, 8, 20.0, now=0.0, refuses=[peer(3)])
+    state.offer(peer(3), False, 8, 20.0, now=0.0)
+    group = state.finalize(6.0, suspect=lambda p: p == peer(2))
+    assert set(group.peer_ids) == {peer(0), peer(1), peer(3)}
+    # a repeated request replaces what the joiner refuses
+    state = leader_state(target=8, min_size=2)
+    state.offer(peer(1), False, 8, 20.0, now=0.0, refuses=[peer(2)])
+    state.offer(peer(2), False, 8, 20.0, now=0.0)
+    state.offer(peer(1), False, 8, 20.0, now=1.0)
+    assert set(state.finalize(6.0).peer_ids) == {peer(0), peer(1), peer(2)}
+
+
 def test_a_full_leader_makes_room_for_a_new_joiner_when_an_old_one_stopped_waiting():
     state = leader_state(target=2)
     state.offer(peer(1), False, 2, wait_until=1.0, now=0.0)
