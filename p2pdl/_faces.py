@@ -636,6 +636,11 @@ class SyncAllReduce:
         self._allreduce = allreduce
         self._matchmaking = matchmaking
 
+    @property
+    def config(self) -> AllReduceConfig:
+        """The node's all-reduce settings (those a call without ``config`` uses)."""
+        return self._allreduce.config
+
     def all_reduce(self, group: Group, tensors: Sequence[torch.Tensor], **options: Any
                    ) -> AllReduceResult:
         """Block until the all-reduce ends (see :meth:`AllReduceService.all_reduce`).

@@ -18,13 +18,13 @@ async def average_round(matchmaking: MatchmakingService, averaging: AllReduceSer
                         run_id: str, epoch: int, tensors: Sequence[torch.Tensor], *,
                         weight: float, config: AllReduceConfig | None = None,
                         inplace: bool = False, on_group: Callable[[Group], None] | None = None,
-                        **group_options: Any) -> AllReduceResult:
+                        sent_error: bool = False, **group_options: Any) -> AllReduceResult:
     """Form a group for ``epoch`` of ``run_id`` and all-reduce ``tensors`` with it.
 
     ``group_options`` go to :meth:`MatchmakingService.form_group`
     (``target_group_size``, ``matchmaking_time``, ``auxiliary``,
-    ``bandwidth``, ``reduce_rate``...); ``weight``, ``config`` and ``inplace``
-    to :meth:`AllReduceService.all_reduce`; the aggregation rule and weight
+    ``bandwidth``, ``reduce_rate``...); ``weight``, ``config``, ``inplace``
+    and ``sent_error`` to :meth:`AllReduceService.all_reduce`; the aggregation rule and weight
     caps of ``config`` (or the node's) go to ``form_group`` too
     (``AllReduceConfig.aggregation_digest``), so that the group averages
     with one rule and one set of caps.  ``on_group(group)`` is called once
@@ -36,4 +36,4 @@ async def average_round(matchmaking: MatchmakingService, averaging: AllReduceSer
     if on_group is not None:
         on_group(group)
     return await averaging.all_reduce(group, tensors, weight=weight, config=config,
-                                      inplace=inplace)
+                                      inplace=inplace, sent_error=sent_error)

@@ -18,6 +18,11 @@ count its tracker was just told; reducers cap a weight at what the sender's
 signed progress reports support (docs/allreduce.md), so before each round
 with samples :class:`Rounds` has the tracker publish that report at once
 (``publish_now``) rather than when its publish policy would.
+
+Error feedback (``OptimizerConfig.error_feedback``): what the codecs rounded
+off this peer's values in a round (``AllReduceResult.sent_error``) is added
+to what it sends in its next round, so that over rounds nothing is lost to
+the rounding but the last round's (:class:`ErrorFeedback`).
 """
 
 from __future__ import annotations
@@ -41,8 +46,8 @@ from .config import OptimizerConfig
 if TYPE_CHECKING:
     from ..progress import GlobalProgress
 
-__all__ = ["RoundInfo", "RoundResult", "PendingRound", "Rounds", "AUXILIARY_POLL",
-           "ROUND_HISTORY", "clear_incomplete"]
+__all__ = ["RoundInfo", "RoundResult", "PendingRound", "Rounds", "ErrorFeedback",
+           "AUXILIARY_POLL", "ROUND_HISTORY", "LOSSY_CODECS", "clear_incomplete"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +55,33 @@ logger = logging.getLogger(__name__)
 AUXILIARY_POLL = 0.05
 #: Rounds an optimizer remembers (``Optimizer.round_history``).
 ROUND_HISTORY = 1024
+#: The codecs whose rounding ``error_feedback="auto"`` carries over.
+LOSSY_CODECS = ("uint8", "uint4")
+
+
+class ErrorFeedback:
+    """One peer's error feedback: the rounding of its last round's values,
+    added to the next round's (sans-IO).
+
+    :meth:`compensate` returns the values to send (new tensors: the given
+    ones are left alone); :meth:`keep` takes what the round's codecs rounded
+    off them (``AllReduceResult.sent_error``), or None where the values sent
+    were applied as they are or dropped (a step alone, a failed round).
+    Summed over rounds, the values the reducers decoded plus the residual
+    are the values given, up to float32 rounding."""
+
+    def __init__(self) -> None:
+        self.residual: list[torch.Tensor] | None = None
+
+    def compensate(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        residual = self.residual
+        if residual is None or len(residual) != len(values) or any(
+                r.shape != v.shape for r, v in zip(residual, values, strict=True)):
+            return list(values)
+        return [v + r.to(v.dtype) for v, r in zip(values, residual, strict=True)]
+
+    def keep(self, errors: Sequence[torch.Tensor] | None) -> None:
+        self.residual = None if errors is None else list(errors)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +158,8 @@ class Rounds:
         self._assisted: int | None = None   # the epoch whose round an auxiliary peer joined
         self._seen_others = time.monotonic()   # when the view last had another trainer
         self._counters = {"rounds": 0, "averaged": 0, "partial": 0, "alone": 0, "failed": 0}
+        #: error feedback, when ``config.error_feedback`` resolves to on (None: off)
+        self.feedback = ErrorFeedback() if _feedback_on(config, node) else None
         #: The last :data:`ROUND_HISTORY` rounds, oldest first.
         self.history: collections.deque[RoundInfo] = collections.deque(maxlen=ROUND_HISTORY)
 
@@ -169,11 +203,13 @@ class Rounds:
         if samples > 0 and not auxiliary:
             self._publish_weight()
         on_group = (lambda group: grouped.set()) if grouped is not None else None
+        options: dict[str, Any] = {"sent_error": True} \
+            if self.feedback is not None and not auxiliary else {}
         return self.node.allreduce.start_round(
             self.run_id, epoch, tensors, weight=float(samples), config=config.allreduce,
             inplace=True, on_group=on_group, auxiliary=auxiliary,
             matchmaking_time=config.matchmaking_time, target_group_size=config.target_group_size,
-            bandwidth=config.bandwidth, reduce_rate=config.reduce_rate)
+            bandwidth=config.bandwidth, reduce_rate=config.reduce_rate, **options)
 
     def _publish_weight(self) -> None:
         """Have the tracker publish its report now: the evidence of the weight
@@ -205,6 +241,8 @@ class Rounds:
               outcome: AllReduceResult | BaseException, seconds: float) -> RoundResult:
         """Count, log and remember how the round ended."""
         result = self._judge(epoch, sent, samples, outcome, seconds)
+        if self.feedback is not None:
+            self.feedback.keep(getattr(outcome, "sent_error", None))
         self.history.append(result.info)
         return result
 
@@ -245,12 +283,15 @@ class Rounds:
         """One round, waited for (``alone``: none; this peer's own values are the average)."""
         start = time.monotonic()
         self._counters["rounds"] += 1
+        sent = self._compensate(sent)
         if alone:
             logger.info("run %s epoch %d: no other peer for %.0f s; stepping alone",
                         self.run_id, epoch, time.monotonic() - self._seen_others)
             self._counters["alone"] += 1
             info = RoundInfo(epoch, "alone", 1, samples, 0.0)
             self.history.append(info)
+            if self.feedback is not None:
+                self.feedback.keep(None)   # applied as it is
             return RoundResult(info, sent, sent)
         outcome = self.wait(self.start(epoch, sent, samples))
         return self.judge(epoch, sent, samples, outcome, time.monotonic() - start)
@@ -260,9 +301,14 @@ class Rounds:
     def start_background(self, epoch: int, sent: list[torch.Tensor], samples: int) -> None:
         """Start a round and return at once; :meth:`finish` picks up its result."""
         self._counters["rounds"] += 1
+        sent = self._compensate(sent)
         grouped = threading.Event()
         future = self.start(epoch, sent, samples, grouped=grouped)
         self.pending = PendingRound(future, epoch, sent, samples, time.monotonic(), grouped)
+
+    def _compensate(self, sent: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``sent`` with the last round's rounding added (error feedback), as new tensors."""
+        return sent if self.feedback is None else self.feedback.compensate(sent)
 
     def matching(self) -> bool:
         """Whether a background round is still in matchmaking."""
@@ -363,3 +409,15 @@ def _contributors(outcome: AllReduceResult) -> tuple[str, ...]:
     excluded = set(outcome.excluded)
     return tuple(member.peer_id.to_base58() for i, member in enumerate(outcome.group.members)
                  if i not in excluded)
+
+
+def _feedback_on(config: OptimizerConfig, node: Any) -> bool:
+    """Whether ``config.error_feedback`` is on: True, or ``"auto"`` with a
+    lossy codec (LOSSY_CODECS) in the all-reduce's codec policy (the
+    config's, else the node's)."""
+    if config.error_feedback != "auto":
+        return bool(config.error_feedback)
+    allreduce = config.allreduce or getattr(getattr(node, "allreduce", None), "config", None)
+    codecs = getattr(allreduce, "codecs", None)
+    return codecs is not None and (codecs.large in LOSSY_CODECS or codecs.small in LOSSY_CODECS)
+

@@ -65,6 +65,13 @@ class OptimizerConfig:
             ignores ``"auto"`` (it has its outer momentum).
         delay_updates: average in the background while the next batches
             compute and apply the result one step late (DeDLOC mode only).
+        error_feedback: add to what this peer sends in a round what the
+            all-reduce's codecs rounded off its values in the last one (its
+            gradients, momentum or DiLoCo delta), so that over rounds the
+            rounding cancels out instead of adding up.  ``"auto"`` (the
+            default): on when the all-reduce's codec policy uses ``uint8``
+            or ``uint4``.  The residual is this peer's own (not shared, not
+            checkpointed); a step alone or a failed round clears it.
         outer_lr, outer_momentum: DiLoCo's outer Nesterov SGD (0.7, 0.9 as in
             the DiLoCo paper).
         auxiliary: this peer trains nothing; it only helps reduce (call
@@ -114,6 +121,7 @@ class OptimizerConfig:
     clip_sent_norm: float | None = None
     sent_momentum: float | str | None = "auto"
     delay_updates: bool = False
+    error_feedback: bool | str = "auto"
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
     auxiliary: bool = False
@@ -165,6 +173,9 @@ class OptimizerConfig:
             if self.mode == "diloco":
                 raise ConfigError("sent_momentum applies to mode='dedloc' only (DiLoCo has "
                                   "its outer momentum)")
+        if self.error_feedback != "auto" and not isinstance(self.error_feedback, bool):
+            raise ConfigError(f"error_feedback must be True, False or 'auto', "
+                              f"got {self.error_feedback!r}")
         if self.delay_updates and self.mode == "diloco":
             raise ConfigError("delay_updates applies to mode='dedloc' only")
         if self.target_group_size is not None:

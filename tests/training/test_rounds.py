@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from p2pdl.averaging import AllReduceConfig
-from p2pdl.errors import CallTimeoutError, MatchmakingFailedError
+from p2pdl.averaging import AllReduceConfig, CodecPolicy, get_codec
+from p2pdl.errors import CallTimeoutError, ConfigError, MatchmakingFailedError
 from p2pdl.training import OptimizerConfig, Rounds
-from p2pdl.training._rounds import clear_incomplete
+from p2pdl.training._rounds import ErrorFeedback, clear_incomplete
 
 from .fake_node import FakeNode, FakeTracker, averaged, progress
 
@@ -208,3 +211,75 @@ def test_rounds_without_a_tracker_start_without_publishing():
     r = Rounds(node, "run", OptimizerConfig())
     r.start(3, [torch.zeros(2)], 12)
     assert node.allreduce.calls[0]["weight"] == 12.0
+
+
+# -- error feedback ----------------------------------------------------------------------
+
+
+def test_error_feedback_is_on_with_a_lossy_codec_or_when_asked():
+    lossy = AllReduceConfig(codecs=CodecPolicy(large="uint4"))
+    assert rounds(allreduce=lossy).feedback is not None
+    assert rounds(allreduce=AllReduceConfig(codecs=CodecPolicy(small="uint8"))).feedback \
+        is not None
+    assert rounds(allreduce=AllReduceConfig()).feedback is None          # fp16
+    assert rounds().feedback is None                  # the fake node says no config
+    assert rounds(error_feedback=True).feedback is not None
+    assert rounds(allreduce=lossy, error_feedback=False).feedback is None
+    with pytest.raises(ConfigError):
+        OptimizerConfig(error_feedback="yes")
+
+
+def test_a_rounds_rounding_is_sent_with_the_next_round():
+    """Round 1 asks for the sent error; round 2 sends its values plus it (new
+    tensors); a failed round, or a step alone, clears it."""
+    node = FakeNode()
+    r = rounds(node, error_feedback=True)
+    first = [torch.ones(3)]
+    error = [torch.tensor([0.25, -0.5, 0.0])]
+    node.allreduce.futures.append(done(SimpleNamespace(**vars(averaged([torch.ones(3)])),
+                                                       sent_error=error)))
+    r.run(1, first, 8, alone=False)
+    assert node.allreduce.calls[0]["sent_error"] is True
+    assert torch.equal(node.allreduce.calls[0]["tensors"][0], torch.ones(3))
+    node.allreduce.futures.append(done(MatchmakingFailedError("nobody")))
+    second = [torch.ones(3)]
+    result = r.run(2, second, 8, alone=False)
+    sent = node.allreduce.calls[1]["tensors"]
+    assert torch.equal(sent[0], torch.tensor([1.25, 0.5, 1.0])) and sent[0] is not second[0]
+    assert torch.equal(second[0], torch.ones(3))      # the caller's tensors are left alone
+    assert result.sent is sent                        # a failed round steps with these
+    third = [torch.ones(3)]
+    node.allreduce.futures.append(done(averaged([torch.ones(3)])))
+    r.run(3, third, 8, alone=False)
+    assert torch.equal(node.allreduce.calls[2]["tensors"][0], torch.ones(3))  # cleared
+    r.feedback.keep(error)
+    assert torch.equal(r.run(4, [torch.ones(3)], 8, alone=True).sent[0],
+                       torch.tensor([1.25, 0.5, 1.0]))
+    assert r.feedback.residual is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(["uint4", "uint8", "fp16"]), st.integers(1, 6), st.integers(1, 600),
+       st.integers(0, 2**16))
+def test_error_feedback_loses_nothing_but_the_last_rounding(codec_name, count, numel, seed):
+    """Over rounds, what the reducers decoded plus the residual is what was given:
+    sum(decoded) + residual == sum(inputs), up to float32 rounding."""
+    codec = get_codec(codec_name, 7 if codec_name != "fp16" else None)
+    gen = torch.Generator().manual_seed(seed)
+    feedback = ErrorFeedback()
+    given_sum = torch.zeros(numel, dtype=torch.float64)
+    decoded_sum = torch.zeros(numel, dtype=torch.float64)
+    scale = 0.0
+    for _ in range(count):
+        x = torch.randn(numel, generator=gen) * float(torch.rand(1, generator=gen) * 10)
+        (sent,) = feedback.compensate([x])
+        decoded = codec.decode(codec.encode(sent), numel)
+        feedback.keep([sent - decoded])
+        given_sum += x.double()
+        decoded_sum += decoded.double()
+        scale = max(scale, float(sent.abs().max()))
+    total = decoded_sum + feedback.residual[0].double()
+    assert float((total - given_sum).abs().max()) <= 4 * count * scale * 2.0**-23 + 1e-30
+    # without feedback the rounding adds up; with it, the error stays one rounding
+    assert float((decoded_sum - given_sum).abs().max()) \
+        <= codec.max_abs_error(sent) * 1.001 + 4 * count * scale * 2.0**-23 + 1e-30

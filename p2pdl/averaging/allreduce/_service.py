@@ -83,8 +83,10 @@ from ._session import (
     _held,
     _predicted,
     _restore,
+    _sent_error,
     _Session,
     _unflatten,
+    _zeros_like,
 )
 from ._state import (
     AUXILIARY_NO_RESULT,
@@ -209,7 +211,7 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
 
     async def all_reduce(self, group: Group, tensors: Sequence[torch.Tensor], *,
                          weight: float = 1.0, config: AllReduceConfig | None = None,
-                         inplace: bool = False) -> AllReduceResult:
+                         inplace: bool = False, sent_error: bool = False) -> AllReduceResult:
         """Average ``tensors`` with every member of ``group``, weighted by ``weight``.
 
         Every member calls this with tensors of the same shapes (in the same
@@ -221,7 +223,8 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
         progress reports and by ``max_weight_share`` (docs/allreduce.md,
         Weights; each contribution's ``weight`` is their sum).  With
         ``inplace=True`` the results are also written into ``tensors``.
-        Never raises for what other
+        With ``sent_error=True`` the result says what the codecs rounded off
+        this member's values (``AllReduceResult.sent_error``).  Never raises for what other
         members do; raises :class:`~p2pdl.errors.ConfigError` for bad
         arguments.  An auxiliary member (``group.members[i].auxiliary``)
         contributes nothing whatever ``weight`` says; its ``tensors`` only
@@ -338,7 +341,8 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
             if session.verifier is not None:
                 self._counters["reports_sketched"] += session.verifier.sketches
                 session.verifier.close()
-        return self._result(session, originals, receivers, errors, inplace, settlement)
+        return self._result(session, originals, receivers, errors, inplace, settlement,
+                            sent_error)
 
     def _my_index(self, group: Group) -> int:
         try:
@@ -510,7 +514,8 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
 
     def _result(self, session: _Session, originals: list[torch.Tensor],
                 receivers: dict[int, PartReceiver], errors: dict[int, str],
-                inplace: bool, settlement: Settlement) -> AllReduceResult:
+                inplace: bool, settlement: Settlement, want_error: bool = False
+                ) -> AllReduceResult:
         group, layout, flat = session.group, session.layout, session.flat
         session.mark("total")
         parts = []
@@ -568,6 +573,9 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
                 p.completed for p in parts) and not session.auxiliary:
             session.times["gather"] = session.times["total"]
         outputs = _unflatten(flat, originals)
+        # (read before ``inplace`` overwrites the values sent)
+        rounded = None if not want_error else [] if session.auxiliary or session.weight <= 0 \
+            else _sent_error(layout, session.me, originals, parts, session.encoded)
         if inplace and not session.auxiliary:
             for original, output in zip(originals, outputs, strict=True):
                 original.copy_(output)
@@ -575,7 +583,8 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
         result = AllReduceResult(outputs, group, tuple(parts), tuple(sorted(session.excluded)),
                                  session.bytes_sent, session.bytes_received,
                                  dict(session.times), _predicted(group, layout),
-                                 session.auxiliary, tuple(sorted(session.heard)))
+                                 session.auxiliary, tuple(sorted(session.heard)),
+                                 _zeros_like(originals) if rounded == [] else rounded)
         self._counters["completed" if result.completed else "incomplete"] += 1
         self._counters["bytes_sent"] += session.bytes_sent
         self._counters["bytes_received"] += session.bytes_received

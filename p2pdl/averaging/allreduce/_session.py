@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import trio
@@ -26,7 +26,7 @@ from .._balancing import round_time
 from ._evidence import ReducerEvidence
 from ._messages import Done
 from ._parts import PartReceiver, PartReducer
-from ._state import Layout
+from ._state import Layout, PartResult
 from ._verify import JointNonce, RoundVerifier, Verdict
 from .config import AllReduceConfig
 
@@ -403,6 +403,52 @@ def _restore(flat: torch.Tensor, originals: list[torch.Tensor], layout: Layout,
         a, b = max(lo, start), min(hi, start + size)
         if a < b:
             flat[a - offset:b - offset].copy_(t.detach().reshape(-1)[a - start:b - start])
+
+
+def _sent_error(layout: Layout, me: int, originals: list[torch.Tensor],
+                parts: Sequence[PartResult], encoded: Mapping[int, Sequence[bytes | memoryview]]
+                ) -> list[torch.Tensor]:
+    """``AllReduceResult.sent_error``: per tensor (float32, its shape), this
+    member's values less their decoding, in the chunks of completed parts
+    whose reducer counted this member; 0 elsewhere.  ``encoded``: the
+    payloads this member kept of the parts it committed to (the others are
+    encoded again: encoding is deterministic)."""
+    import torch
+
+    error = torch.zeros(layout.numel, dtype=torch.float32)
+    for part in parts:
+        r = part.reducer
+        if r == me or not part.completed:
+            continue
+        payloads = encoded.get(r)
+        for k, chunk in enumerate(layout.chunks[r]):
+            if chunk.codec.name == "none" or not any(
+                    c.start <= chunk.start and chunk.end <= c.end and me in c.contributors
+                    for c in part.contributions):
+                continue
+            piece = error[chunk.start:chunk.end]
+            _restore(piece, originals, layout, chunk.start, chunk.end, offset=chunk.start)
+            payload = payloads[k] if payloads is not None and k < len(payloads) \
+                else bytes(chunk.codec.encode(piece))
+            piece.sub_(chunk.codec.decode(payload, chunk.count, trusted=True))
+    return [piece.view(t.shape) for piece, t in zip(_split(error, originals), originals,
+                                                      strict=True)]
+
+
+def _split(flat: torch.Tensor, originals: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``flat`` cut into pieces of the tensors' sizes."""
+    out, position = [], 0
+    for t in originals:
+        out.append(flat[position:position + t.numel()])
+        position += t.numel()
+    return out
+
+
+def _zeros_like(originals: list[torch.Tensor]) -> list[torch.Tensor]:
+    """float32 zeros of the tensors' shapes."""
+    import torch
+
+    return [torch.zeros(t.shape, dtype=torch.float32) for t in originals]
 
 
 def _unflatten(flat: torch.Tensor, originals: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -376,6 +376,13 @@ class AllReduceResult:
             delivered (the other parts hold zeros).
         heard: the members whose ``ar.have`` this member heard after the
             round (the post-round exchange; the parts each completed).
+        sent_error: asked for with ``all_reduce(..., sent_error=True)``: per
+            tensor (float32, its shape), this member's values less what
+            the reducers decoded of them, where a completed part took them
+            (0 elsewhere: its own part, exact codecs, parts that did not
+            complete, where its values stayed its own).  A sender that adds
+            it to its next round's values (error feedback) loses none of
+            what the codecs rounded off; None when not asked for.
     """
 
     tensors: list[torch.Tensor]
@@ -388,6 +395,7 @@ class AllReduceResult:
     predicted_s: float | None = None
     auxiliary: bool = False
     heard: tuple[int, ...] = ()
+    sent_error: list[torch.Tensor] | None = None
 
     @property
     def disputed(self) -> tuple[int, ...]:

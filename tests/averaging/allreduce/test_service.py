@@ -65,12 +65,12 @@ def weighted_mean(xs, weights, who):
     return [sum(weights[i] * xs[i][j] for i in who) / total for j in range(len(xs[0]))]
 
 
-async def run_all(nodes, group, xs, weights, config=EXACT, skip=()):
+async def run_all(nodes, group, xs, weights, config=EXACT, skip=(), **options):
     results = {}
 
     async def one(i):
         results[i] = await nodes[i].allreduce.all_reduce(group, xs[i], weight=weights[i],
-                                                         config=config)
+                                                         config=config, **options)
 
     async with trio.open_nursery() as nursery:
         for i in range(len(nodes)):
@@ -164,6 +164,46 @@ async def test_codecs_stay_within_their_bounds_and_members_agree(codec):
                 error = float((result.tensors[j] - truth[j]).abs().max())
                 assert error <= bound, (codec, j, error, bound)
                 assert torch.equal(result.tensors[j], results[0].tensors[j])
+
+
+@pytest.mark.parametrize("verify", [True, False])
+async def test_the_sent_error_is_what_the_codecs_rounded_off_each_members_values(verify):
+    """With ``sent_error=True`` each member learns, per value, its value less
+    what the reducer decoded (0 on its own part and exact tensors): the mean
+    of the values less their errors is then the result, up to the result's
+    own trip through the codec."""
+    config = AllReduceConfig(aggregator=MEAN, verify=verify, chunk_values=4096,
+                             codecs=CodecPolicy(large="uint4", threshold=100),
+                             averaging_timeout=30.0)
+    shapes = [(20000,), (50,), (300, 40)]
+    async with open_nodes(3) as nodes:
+        await connect_all(nodes)
+        xs = inputs(3, shapes)
+        weights = [1.0, 2.0, 3.0]
+        group = make_group(nodes)
+        results = await run_all(nodes, group, xs, weights, config, sent_error=True)
+        plain = await run_all(nodes, make_group(nodes, tag=b"plain"), xs, weights, config)
+        assert all(r.sent_error is None for r in plain.values())
+        received = [weighted_mean([[x - e for x, e in zip(xs[i], results[i].sent_error,
+                                                          strict=True)] for i in range(3)],
+                                  weights, range(3))]
+        c = get_codec("uint4")
+        for i, result in results.items():
+            assert result.completed
+            errors = result.sent_error
+            assert [e.shape for e in errors] == [torch.Size(s) for s in shapes]
+            assert torch.equal(errors[1], torch.zeros(50))    # an exact tensor
+            flat = torch.cat([e.reshape(-1) for e in errors])
+            lo, hi = result.parts[i].start, result.parts[i].end
+            assert not flat[lo:hi].any()                         # its own part
+            assert flat.abs().max() > 0
+            x = torch.cat([t.reshape(-1) for t in xs[i]])
+            # (a chunk's blocks start where the chunk does: bounded by the widest range)
+            assert float(flat.abs().max()) <= float(x.max() - x.min()) / 30 * 1.001 + 1e-6
+            for j in (0, 2):    # the mean of what was decoded, through the codec once more
+                bound = c.max_abs_error(received[0][j]) * 1.01 + 1e-5
+                error = float((result.tensors[j] - received[0][j]).abs().max())
+                assert error <= bound, (i, j, error, bound)
 
 
 async def test_client_mode_and_auxiliary_members():
