@@ -124,7 +124,7 @@ def test_train_help_lists_the_flags():
                  "--client-mode", "--auxiliary", "--mode", "--delay-updates", "--peer-index",
                  "--max-epochs", "--duration", "--threads", "--bandwidth", "--eval-every",
                  "--json-lines", "--checkpoint-dir", "--matchmaking-time", "--aggregator",
-                 "--tau", "--clip-sent-norm", "--metrics"):
+                 "--tau", "--clip-sent-norm", "--metrics", "--codec"):
         assert flag in result.stdout
 
 
@@ -148,6 +148,7 @@ def test_help_lists_train_and_demo():
     (["--client-mode", "--auxiliary"], "not allowed with"),
     (["--peer-index", "-3"], "--peer-index: must be an integer >= 0"),
     (["--aggregator", "krum"], "invalid choice"),
+    (["--codec", "zstd"], "invalid choice"),
     (["--tau", "0"], "--tau: must be a positive number"),
     (["--tau", "automatic"], "--tau: must be a positive number or 'auto'"),
     (["--name", "bell\x07"], "--name: name is not 1 to 64 printable characters"),
@@ -340,10 +341,11 @@ def test_two_peers_train_a_users_task_together(tmp_path):
     path.write_text(USER_TASK)
     common = ["--json-lines", "--target-batch-size", "32", "--max-epochs", "3",
               "--wait-for-peers", "2", "--matchmaking-time", "5", "--run-id", "user-task",
-              "--task", f"{path}:make_task", "--eval-every", "1"]
+              "--task", f"{path}:make_task", "--eval-every", "1", "--codec", "uint4"]
     def check_ready(ready: dict[str, Any]) -> None:
         assert ready["task"] == f"{path}:make_task"
         assert ready["batch_size"] == 8 and ready["parameters"] == 5
+        assert ready["codec"] == "uint4" and ready["error_feedback"] is True
 
     first, second = run_two(common, check_ready)
     for proc in (first, second):

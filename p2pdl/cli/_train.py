@@ -93,8 +93,9 @@ WAIT_FOR_PEERS_TIMEOUT = 60.0
 EVENTS = {
     "ready": "peer_id, addrs, peer_index, role (trainer | auxiliary), attack (--attack, "
              "or null), task (--task, or null: the built-in example), client_mode, run_id, "
-             "target, batch_size, parameters, membership "
-             "(open | allowlist | certificate), membership_note (the run's mode in words)",
+             "target, batch_size, parameters, codec (--codec), error_feedback (on with "
+             "uint8 and uint4), membership (open | allowlist | certificate), "
+             "membership_note (the run's mode in words)",
     "metrics": "url (with --metrics: where Prometheus scrapes this peer)",
     "started": "training began (after --wait-for-peers): peers",
     "step": "t (s since training began), epoch, loss (moving average of the local "
@@ -178,6 +179,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="CenteredClip's clipping radius per chunk, or 'auto' (the default): "
                         "each chunk's own, from its contributors' distances "
                         "(--aggregator centered_clip)")
+    p.add_argument("--codec", choices=["fp16", "uint8", "uint4", "none"], default="fp16",
+                   help="how the large tensors travel in a round: fp16 (the default, 2 bytes "
+                        "a value), uint8 (about 1), uint4 (about 0.53) or none (4, exact); "
+                        "with uint8 and uint4 each peer carries its rounding to its next "
+                        "round (error feedback); every peer of a run must use the same "
+                        "(docs/training.md)")
     p.add_argument("--clip-sent-norm", type=positive_float, default=None, metavar="NORM",
                    help="clip what this peer sends to a round to this total norm (default: "
                         "none)")
@@ -417,7 +424,8 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
             options["resume_from"] = args.resume_from
         options["allreduce"] = dataclasses.replace(
             config.allreduce, aggregator=Aggregator(args.aggregator, tau=args.tau)
-            if args.aggregator == "centered_clip" else Aggregator(args.aggregator))
+            if args.aggregator == "centered_clip" else Aggregator(args.aggregator),
+            codecs=dataclasses.replace(config.allreduce.codecs, large=args.codec))
         if args.clip_sent_norm is not None:
             options["clip_sent_norm"] = args.clip_sent_norm
         opt = Optimizer(node=node, run_id=args.run_id, optimizer=inner, scheduler=scheduler,
@@ -435,6 +443,7 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
                   client_mode=args.client_mode, run_id=args.run_id,
                   target=args.target_batch_size, batch_size=task.batch_size, task=args.task,
                   parameters=count_parameters(model), epoch=opt.local_epoch,
+                  codec=args.codec, error_feedback=opt.rounds.feedback is not None,
                   membership=plan.mode, membership_note=plan.lines[0])
         for addr in addrs:
             out.human(addr)
