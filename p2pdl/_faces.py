@@ -33,6 +33,7 @@ from .averaging import (
     AllReduceResult,
     AllReduceService,
     AllReduceStatistics,
+    CapacityEstimate,
     Group,
     MatchmakingConfig,
     MatchmakingService,
@@ -676,6 +677,10 @@ class SyncAllReduce:
 
     def statistics(self) -> AllReduceStatistics:
         return self._portal.run_sync(self._allreduce.statistics)
+
+    def capacity(self) -> CapacityEstimate:
+        """This node's rates as its rounds measured them (docs/allreduce.md)."""
+        return self._portal.run_sync(self._allreduce.capacity)
 
 
 class AsyncioAllReduce:

@@ -13,8 +13,10 @@ Two protocols, each a package of the same shape, and the pieces they share:
 * ``_balancing`` -- sans-IO: the linear program that sizes each reducer's part
   from bandwidth and compute (:func:`plan_load`), equal shares, part sizes;
   used by the matchmaking leader (the plan) and the all-reduce (its layout).
+* ``_capacity`` -- sans-IO: a node's own rates, measured from its rounds
+  (:class:`CapacityEstimator`), what it declares to the load plan.
 * ``_codecs`` -- sans-IO: how tensors travel -- codecs ``none``, ``fp16`` and
-  blockwise ``uint8``, their error bounds, strict decoding, and
+  blockwise ``uint8`` and ``uint4``, their error bounds, strict decoding, and
   :func:`choose_codec` by size (:class:`CodecPolicy`).
 * ``_norms`` -- sans-IO: Euclidean norms of large float32 tensors summed in
   float64 block by block (no float64 copy of the whole), for the codecs'
@@ -33,6 +35,8 @@ from ._balancing import equal_shares as equal_shares
 from ._balancing import part_sizes as part_sizes
 from ._balancing import plan_load as plan_load
 from ._balancing import round_time as round_time
+from ._capacity import CapacityEstimate as CapacityEstimate
+from ._capacity import CapacityEstimator as CapacityEstimator
 from ._codecs import CODECS as CODECS
 from ._codecs import Codec as Codec
 from ._codecs import CodecPolicy as CodecPolicy

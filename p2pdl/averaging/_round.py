@@ -11,6 +11,8 @@ if TYPE_CHECKING:
     from .allreduce import AllReduceConfig, AllReduceResult, AllReduceService
     from .matchmaking import Group, MatchmakingService
 
+from .matchmaking.config import MAX_RATE, MIN_RATE
+
 __all__ = ["average_round"]
 
 
@@ -23,7 +25,9 @@ async def average_round(matchmaking: MatchmakingService, averaging: AllReduceSer
 
     ``group_options`` go to :meth:`MatchmakingService.form_group`
     (``target_group_size``, ``matchmaking_time``, ``auxiliary``,
-    ``bandwidth``, ``reduce_rate``...); ``weight``, ``config``, ``inplace``
+    ``bandwidth``, ``reduce_rate``...: without a ``bandwidth``, the one this
+    node's rounds measured, :meth:`AllReduceService.capacity`); ``weight``,
+    ``config``, ``inplace``
     and ``sent_error`` to :meth:`AllReduceService.all_reduce`; the aggregation rule and weight
     caps of ``config`` (or the node's) go to ``form_group`` too
     (``AllReduceConfig.aggregation_digest``), so that the group averages
@@ -32,6 +36,11 @@ async def average_round(matchmaking: MatchmakingService, averaging: AllReduceSer
     :class:`~p2pdl.errors.MatchmakingFailedError` when no group formed.
     """
     group_options.setdefault("aggregation", (config or averaging.config).aggregation_digest())
+    if group_options.get("bandwidth") is None:
+        # what this node's own rounds measured (None before any: unknown)
+        measured = averaging.capacity().bandwidth
+        group_options["bandwidth"] = None if measured is None \
+            else min(max(measured, MIN_RATE), MAX_RATE)
     group = await matchmaking.form_group(run_id, epoch, **group_options)
     if on_group is not None:
         on_group(group)

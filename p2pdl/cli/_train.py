@@ -169,7 +169,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "alone (default: the optimizer's, 10 s; 0 for a peer meant to train "
                         "alone)")
     p.add_argument("--bandwidth", type=positive_float, default=None, metavar="MBIT_S",
-                   help="this peer's bandwidth in Mbit/s, for the load plan (default: unknown)")
+                   help="this peer's bandwidth in Mbit/s, for the load plan (default: what "
+                        "its own rounds measured)")
     p.add_argument("--aggregator", choices=list(AGGREGATORS), default="centered_clip",
                    help="how reducers combine the copies of each chunk: centered_clip (the "
                         "default, robust to a malicious minority), mean (exact, for peers "

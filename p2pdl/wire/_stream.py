@@ -86,12 +86,18 @@ TEARDOWN_TIMEOUT = 2.0
 
 @dataclasses.dataclass(frozen=True)
 class StreamStatistics:
+    """A stream's counters.  ``sent_span`` / ``received_span``: the trio
+    times of the first and the last write (read) of frame bytes, None before
+    any: over them, the bytes moved give the stream's rate."""
+
     bytes_sent: int
     bytes_received: int
     frames_sent: int
     frames_received: int
     send_credit: int
     buffered_bytes: int
+    sent_span: tuple[float, float] | None = None
+    received_span: tuple[float, float] | None = None
 
 
 class FramedStream:
@@ -129,6 +135,8 @@ class FramedStream:
         self._write_closed = False
         self._bytes_sent = self._bytes_received = 0
         self._frames_sent = self._frames_received = 0
+        self._sent_span: tuple[float, float] | None = None
+        self._received_span: tuple[float, float] | None = None
         self._traffic: list[int] | None = None
         self._budget = input_budget(net_stream)
         self._held = 0  # bytes held against the budget
@@ -151,7 +159,7 @@ class FramedStream:
     def statistics(self) -> StreamStatistics:
         return StreamStatistics(self._bytes_sent, self._bytes_received, self._frames_sent,
                                 self._frames_received, self._credit.available,
-                                self._window.buffered)
+                                self._window.buffered, self._sent_span, self._received_span)
 
     # -- sending ----------------------------------------------------------
 
@@ -207,9 +215,12 @@ class FramedStream:
                         f"(its consumer is stuck)"
                     )
             self._credit.consume(size)
+            first = trio.current_time()
             await self._write(frame)
             self._bytes_sent += size
             self._frames_sent += 1
+            self._sent_span = (first if self._sent_span is None else self._sent_span[0],
+                               trio.current_time())
 
     async def _write(self, frame: bytes) -> None:
         async with _locked(self._write_lock):
@@ -408,6 +419,9 @@ class FramedStream:
         """Take bytes read from the muxer (ours: see ``read_owned``)."""
         self._bytes_received += len(data)
         self._count()[1] += len(data)
+        now = trio.current_time()
+        self._received_span = (now if self._received_span is None else self._received_span[0],
+                               now)
         for frame in self._decoder.feed(data, owned=isinstance(data, bytearray)):
             if frame.kind is FrameKind.CREDIT:
                 self._credit.grant(decode_credit(frame.payload))

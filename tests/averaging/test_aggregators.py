@@ -17,6 +17,7 @@ from p2pdl.averaging._aggregators import (
     centered_clip,
     centered_clip_reference,
 )
+from p2pdl.averaging._capacity import CapacityEstimate
 from p2pdl.errors import ConfigError
 from p2pdl.wire import TensorHeader
 
@@ -439,7 +440,17 @@ async def test_a_round_forms_groups_by_rule_and_caps():
             seen.update(options)
             raise RuntimeError("stop here")
 
+    class Averaging:   # what the node's rounds measured of its rates
+        @staticmethod
+        def capacity():
+            return CapacityEstimate(4e6, 2e6, 2)
+
     config = AllReduceConfig(max_weight_ratio=2.0)
     with pytest.raises(RuntimeError):
-        await average_round(Matchmaking(), None, "run", 1, [], weight=1.0, config=config)
+        await average_round(Matchmaking(), Averaging(), "run", 1, [], weight=1.0, config=config)
     assert seen["aggregation"] == config.aggregation_digest()
+    assert seen["bandwidth"] == 2e6     # measured: the lesser direction
+    with pytest.raises(RuntimeError):   # what the caller says comes first
+        await average_round(Matchmaking(), Averaging(), "run", 1, [], weight=1.0,
+                            config=config, bandwidth=5e5)
+    assert seen["bandwidth"] == 5e5

@@ -48,6 +48,7 @@ from ...errors import (
 )
 from ...service import Opened, Refusal, ServiceContext, StreamEndpoint, serve_nothing
 from ...wire import FramedStream, TensorChunk
+from .._capacity import CapacityEstimate, CapacityEstimator
 from ..matchmaking.config import MAX_DETAIL_LENGTH
 from ._accusations import ACCUSATIONS_PREFIX, AccusationBoard
 from ._accusing import ACCUSATIONS_SCHEMA, _AccusationSide
@@ -186,6 +187,7 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
         self._counters["round_seconds"] = 0.0
         #: Verification's buffers, kept from round to round.
         self._scratch = Scratch()
+        self._capacity = CapacityEstimator()
 
     @property
     def config(self) -> AllReduceConfig:
@@ -343,6 +345,19 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
                 session.verifier.close()
         return self._result(session, originals, receivers, errors, inplace, settlement,
                             sent_error)
+
+    def capacity(self) -> CapacityEstimate:
+        """This node's rates as its rounds measured them (``_capacity``): what
+        ``average_round`` offers the leader's load plan when the caller says
+        no bandwidth."""
+        return self._capacity.estimate()
+
+    def _measure(self, session: _Session) -> None:
+        """The round's transfers as samples of this node's rates."""
+        moved = {"up": session.bytes_sent, "down": session.bytes_received}
+        for direction, (first, last) in session.spans.items():
+            if self._capacity.record(direction, moved[direction], last - first):
+                self._counters["capacity_samples"] += 1
 
     def _my_index(self, group: Group) -> int:
         try:
@@ -586,6 +601,7 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
                                  session.auxiliary, tuple(sorted(session.heard)),
                                  _zeros_like(originals) if rounded == [] else rounded)
         self._counters["completed" if result.completed else "incomplete"] += 1
+        self._measure(session)
         self._counters["bytes_sent"] += session.bytes_sent
         self._counters["bytes_received"] += session.bytes_received
         self._counters["round_seconds"] += session.times.get("total", 0.0)

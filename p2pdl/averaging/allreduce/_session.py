@@ -151,7 +151,9 @@ class AllReduceStatistics(Statistics):
     reducers, its part's results to senders, and back), as
     :class:`AllReduceResult` counts them; ``round_seconds``: the seconds its
     rounds took, from the call to the result (over ``completed`` plus
-    ``incomplete``: the mean round time).
+    ``incomplete``: the mean round time).  ``capacity_samples``: rounds'
+    transfers (per direction) that counted as samples of this node's rates
+    (``AllReduceService.capacity``).
     """
 
     active: int
@@ -195,6 +197,7 @@ class AllReduceStatistics(Statistics):
     bytes_sent: int = 0
     bytes_received: int = 0
     round_seconds: float = 0.0
+    capacity_samples: int = 0
 
 
 #: The counters of :meth:`AllReduceService.statistics`.
@@ -223,6 +226,9 @@ class _Session:
         self.handlers_idle.set()
         self.bytes_sent = 0
         self.bytes_received = 0
+        # direction ("up", "down") -> the first and last trio times the round's
+        # streams moved bytes that way (the capacity estimator's samples)
+        self.spans: dict[str, tuple[float, float]] = {}
         self.excluded: set[int] = set()
         self.seen_connected: set[int] = set()   # senders this node was connected to
         self.times: dict[str, float] = {}
@@ -279,6 +285,11 @@ class _Session:
         stats = stream.statistics()
         self.bytes_sent += stats.bytes_sent
         self.bytes_received += stats.bytes_received
+        for direction, span in (("up", stats.sent_span), ("down", stats.received_span)):
+            if span is not None:
+                known = self.spans.get(direction)
+                self.spans[direction] = span if known is None \
+                    else (min(known[0], span[0]), max(known[1], span[1]))
 
     def mark(self, phase: str) -> None:
         self.times.setdefault(phase, trio.current_time() - self.start)

@@ -36,11 +36,11 @@ from libp2p.peer.id import ID
 
 from ...service import run_id_problem
 from .._balancing import PeerCapacity, equal_shares, plan_load
-from .config import MAX_EPOCH, MAX_RATE, MIN_RATE
+from .config import MAX_CAPACITY_RATIO, MAX_EPOCH, MAX_RATE, MIN_RATE
 
 __all__ = ["ORDER_DOMAIN", "GROUP_ID_DOMAIN", "FRACTION_TOLERANCE", "GroupMemberInfo", "Group",
            "PlannedGroup", "Plan", "order_key", "compute_group_id", "plan_groups",
-           "next_leader", "expected_members", "late_members", "member_capacities",
+           "next_leader", "expected_members", "late_members", "bounded_rates", "member_capacities",
            "plan_fractions", "make_group", "check_run", "check_capacity", "check_fractions"]
 
 logger = logging.getLogger(__name__)
@@ -115,13 +115,32 @@ class Group:
 
 
 def member_capacities(members: Sequence[GroupMemberInfo]) -> list[PeerCapacity]:
-    """One :class:`PeerCapacity` per member, in order.  An unknown bandwidth
-    counts as the mean of the known ones (1.0 if none is known), as hivemind
-    does."""
-    known = [m.bandwidth for m in members if m.bandwidth is not None]
+    """One :class:`PeerCapacity` per member, in order.  Each declared rate
+    is first bounded to within MAX_CAPACITY_RATIO of the median of the
+    members' declared rates of its kind (:func:`bounded_rates`); an unknown
+    bandwidth then counts as the mean of the known ones (1.0 if none is
+    known), as hivemind does."""
+    bandwidths = bounded_rates([m.bandwidth for m in members])
+    reduce_rates = bounded_rates([m.reduce_rate for m in members])
+    known = [b for b in bandwidths if b is not None]
     default = math.fsum(known) / len(known) if known else 1.0
-    return [PeerCapacity(default if m.bandwidth is None else m.bandwidth, m.reduce_rate,
-                         client=m.client_mode, auxiliary=m.auxiliary) for m in members]
+    return [PeerCapacity(default if b is None else b, r, client=m.client_mode,
+                         auxiliary=m.auxiliary)
+            for m, b, r in zip(members, bandwidths, reduce_rates, strict=True)]
+
+
+def bounded_rates(rates: Sequence[float | None]) -> list[float | None]:
+    """``rates`` (None: unknown) each bounded to
+    ``[median / MAX_CAPACITY_RATIO, median * MAX_CAPACITY_RATIO]``, the
+    median of the known ones (the lower median of an even count).  A member
+    that declares more than its peers cannot take more than that share of
+    the work (nor, declaring less, dodge below it) on its word alone."""
+    known = sorted(r for r in rates if r is not None)
+    if len(known) < 2:
+        return list(rates)
+    median = known[(len(known) - 1) // 2]
+    low, high = median / MAX_CAPACITY_RATIO, median * MAX_CAPACITY_RATIO
+    return [None if r is None else min(max(r, low), high) for r in rates]
 
 
 def plan_fractions(members: Sequence[GroupMemberInfo]) -> tuple[float, ...] | None:

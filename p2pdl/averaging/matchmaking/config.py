@@ -21,6 +21,7 @@ MAX_MATCHMAKING_TIME = 600  # seconds one form_group call may take, at most
 MIN_RATE = 1                # bytes/s: the least bandwidth or reduce rate a peer may declare
 MAX_RATE = 10**12           # bytes/s: the most bandwidth or reduce rate a peer may declare
 MAX_REFUSED = 16            # peers a join request may name as refused (its latest bans)
+MAX_CAPACITY_RATIO = 8      # a declared rate counts at most this far from the group's median
 AGGREGATION_DIGEST_SIZE = 32  # bytes of an aggregation rule's digest (SHA-256)
 
 

@@ -27,6 +27,7 @@ from p2pdl.averaging import (
 from p2pdl.averaging.matchmaking import Group, plan_fractions
 from p2pdl.averaging.matchmaking._plan import (
     FRACTION_TOLERANCE,
+    bounded_rates,
     check_capacity,
     check_fractions,
     check_run,
@@ -584,6 +585,20 @@ def test_capacities_fill_unknown_bandwidths_with_the_mean_of_the_known():
     assert [c.bandwidth for c in member_capacities(members(3))] == [1.0] * 3
     made = make_group(RUN, EPOCH, group[0], group[1:])
     assert made.capacities() == member_capacities(made.members)
+
+
+def test_a_declared_rate_counts_at_most_a_bounded_factor_from_the_median():
+    """A member that claims 10^12 bytes/s among peers of 10^7 gets the share of
+    8 x 10^7, no more; one that claims 1 byte/s is counted at 10^7 / 8."""
+    assert bounded_rates([1e7, 2e7, 1e12, None, 1.0]) == [1e7, 2e7, 8e7, None, 1.25e6]
+    assert bounded_rates([5.0, None]) == [5.0, None]     # one known: nothing to compare
+    assert bounded_rates([4.0, 1e9]) == [4.0, 32.0]      # the lower median of two
+    liar = [GroupMemberInfo(peer(i), bandwidth=b) for i, b in enumerate((1e7, 1e7, 1e7, 1e12))]
+    honest = [GroupMemberInfo(peer(i), bandwidth=b) for i, b in enumerate((1e7, 1e7, 1e7, 8e7))]
+    assert plan_fractions(liar) == plan_fractions(honest)
+    assert [c.reduce_rate for c in member_capacities(
+        [GroupMemberInfo(peer(i), reduce_rate=r) for i, r in enumerate((1e6, 2e6, 1e3))])] \
+        == [1e6, 2e6, 1.25e5]
 
 
 def test_the_leaders_plan_favours_fast_members_and_gives_clients_nothing():

@@ -1,0 +1,91 @@
+"""A node's own capacity, measured from its rounds (sans-IO rules, then real rounds)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import trio
+
+from p2pdl.averaging import AllReduceConfig, average_round
+from p2pdl.averaging import _capacity as capacity
+from p2pdl.averaging._capacity import (
+    MIN_SAMPLE_BYTES,
+    MIN_SAMPLE_SECONDS,
+    WINDOW,
+    CapacityEstimate,
+    CapacityEstimator,
+)
+from p2pdl.testing import open_memory_nodes, wait_for_dht
+
+MB = 1 << 20
+
+
+def test_small_or_instant_transfers_are_no_samples():
+    estimator = CapacityEstimator()
+    assert estimator.estimate() == CapacityEstimate(None, None, 0)
+    assert estimator.estimate().bandwidth is None
+    assert not estimator.record("up", MIN_SAMPLE_BYTES - 1, 1.0)
+    assert not estimator.record("up", 10 * MB, MIN_SAMPLE_SECONDS / 2)
+    assert not estimator.record("up", 10 * MB, math.nan)
+    assert estimator.record("up", 10 * MB, 1.0)
+    assert estimator.rate("up") == 10 * MB and estimator.rate("down") is None
+    assert estimator.estimate().bandwidth == 10 * MB   # the one direction known
+    with pytest.raises(ValueError):
+        estimator.record("sideways", MB, 1.0)
+
+
+def test_one_slow_round_and_one_fast_one_move_no_estimate():
+    estimator = CapacityEstimator()
+    for seconds in (1.0, 1.0, 1.0, 10.0):      # 10 MB/s, and one round held up
+        estimator.record("down", 10 * MB, seconds)
+    assert estimator.rate("down") == 10 * MB
+    estimator.record("down", 10 * MB, 0.1)      # one round measured ten times too fast
+    assert estimator.rate("down") == 10 * MB
+    estimator.record("up", 5 * MB, 1.0)
+    assert estimator.estimate().bandwidth == 5 * MB   # the lesser direction
+    assert estimator.estimate().samples == 6
+
+
+def test_the_estimate_follows_the_last_window_of_rounds():
+    estimator = CapacityEstimator()
+    for _ in range(WINDOW):
+        estimator.record("up", 100 * MB, 1.0)
+    for _ in range(WINDOW - 1):                 # the link got slower
+        estimator.record("up", 10 * MB, 1.0)
+    assert estimator.rate("up") == 10 * MB      # one fast round left in the window
+    with pytest.raises(ValueError):
+        CapacityEstimator(0)
+
+
+async def test_rounds_measure_the_rates_and_the_next_round_offers_them(monkeypatch):
+    """Over real streams (memory transport, the real clock): a round of 2 MB
+    per member gives samples both ways; the next round's group carries each
+    member's measured bandwidth (the load plan's input), where nobody typed
+    one.  (A memory transfer may take less than MIN_SAMPLE_SECONDS.)"""
+    monkeypatch.setattr(capacity, "MIN_SAMPLE_SECONDS", 1e-4)
+    config = AllReduceConfig(averaging_timeout=30.0)
+    async with open_memory_nodes(3) as nodes:
+        await wait_for_dht(nodes)
+        groups = {}
+
+        async def one(i, epoch):
+            values = [torch.randn(1_000_000, generator=torch.Generator().manual_seed(i))]
+            result = await average_round(nodes[i].matchmaking, nodes[i].allreduce,
+                                         "measured", epoch, values, weight=1.0,
+                                         config=config)
+            groups[i] = result.group
+
+        for epoch in (1, 2):
+            async with trio.open_nursery() as nursery:
+                for i in range(3):
+                    nursery.start_soon(one, i, epoch)
+            if epoch == 1:
+                assert all(m.bandwidth is None for m in groups[0].members)
+        for node in nodes:
+            estimate = node.allreduce.capacity()
+            assert estimate.up is not None and estimate.down is not None, estimate
+            assert estimate.up > 0 and estimate.down > 0
+            assert node.allreduce.statistics()["capacity_samples"] >= 2
+        assert all(m.bandwidth is not None and m.bandwidth > 0 for m in groups[0].members)
