@@ -28,6 +28,16 @@ auxiliary peer gets no result; the latest end of all five is ``*_span_all_s``).
 contributor's result is within the fp16 bound of the true weighted mean and
 the auxiliary peer averaged its part.
 
+A third plan, ``measured``, is what peers get with no capacities typed in:
+before its round every peer says the bandwidth its own rounds measured so
+far (``node.allreduce.capacity()``: the lp and equal rounds before it, the
+warm-up pair's included) and ``plan_fractions`` of those gives the shares.
+``measured_s`` is its median round, ``measured_plan_vs_true_caps`` =
+measured_s / lp_s (goal <= 1.10), and ``capacity_estimates`` each host's
+last estimates (up and down, Mbit/s and over its cap; TCP payload reaches
+at most 0.956 of a cap).  A direction that no round fills is estimated low:
+the estimate is what the rounds showed, not the link.
+
 Predictions (``_balancing.round_time`` of those capacities): ``lp_predicted_s``
 and ``equal_predicted_s`` for ``vector_bytes``, the whole vector on the wire
 with the codec (fp16: 2 bytes a value for tensors of at least 65536 values, 4
@@ -68,6 +78,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -105,7 +116,7 @@ HOST_NAMES = ("peer200", "peer100a", "peer100b", "peer50", "aux500")
 #: fraction of a netlab cap TCP can carry (docs/netlab.md measured 96.1 % for ~1 s
 #: transfers, the first bucketful included).
 TCP_EFFICIENCY = 1448 / 1514
-MODES = ("lp", "equal")
+MODES = ("lp", "equal", "measured")
 DEFAULTS = {"scale": 8.0, "numel": 2_500_000, "rounds": 3, "codec": "fp16",
             "chunk_values": 2**16, "timeout": 240.0, "raw_tcp": True, "nice": -10}
 EXIT_GRACE = 5.0
@@ -237,6 +248,7 @@ def run_netlab(args: Any = None) -> dict[str, Any]:
                 "--timeout", f"{max(1.0, deadline - time.time()):.0f}"]
 
     rounds: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
+    estimates: list[dict[str, Any]] = []
     fractions_used: dict[str, list[float]] = {}
     raw_tcp: dict[str, Any] | None = None
     failure: str | None = None
@@ -254,6 +266,8 @@ def run_netlab(args: Any = None) -> dict[str, Any]:
                 peers.exchange()
                 for pair in range(args.rounds + 1):
                     for mode in MODES:
+                        if mode == "measured":   # the estimates, to every peer
+                            estimates = peers.exchange()
                         ready = peers.wait_all("ready", pair=pair, mode=mode)
                         if pair == 0 and mode == MODES[0]:
                             print(f"netlab all-reduce: peers up and connected after "
@@ -271,7 +285,7 @@ def run_netlab(args: Any = None) -> dict[str, Any]:
                         results = peers.wait_all("result", pair=pair, mode=mode)
                         rec = _round_record(pair, mode, released, all_done, done, results, usage)
                         print(f"netlab all-reduce: pair {pair} {mode}: {rec['round_s']:.3f} s "
-                              f"(predicted {plan[mode + '_predicted_s']:.3f}), "
+                              f"(predicted {plan.get(mode + '_predicted_s', math.nan):.3f}), "
                               f"{'correct' if rec['correct'] else 'WRONG'}, peers' CPU "
                               f"{rec['cpu_s']:.2f} s", file=sys.stderr)
                         if pair > 0:
@@ -281,7 +295,7 @@ def run_netlab(args: Any = None) -> dict[str, Any]:
         except Exception as exc:  # a broken pipe to a dead peer, a malformed message...
             failure = f"{type(exc).__name__}: {exc} (logs: {log_dir})"
     return _summary(args, caps, nbytes, plan, rounds, fractions_used, raw_tcp, failure,
-                    time.time() - began, log_dir)
+                    time.time() - began, log_dir, estimates)
 
 
 def _round_record(pair: int, mode: str, released: float, all_done: float,
@@ -327,7 +341,7 @@ def _r(x: float | None, digits: int = 4) -> float | None:
 def _summary(args: argparse.Namespace, caps: list[float], nbytes: int, plan: dict[str, Any],
              rounds: dict[str, list[dict[str, Any]]], fractions_used: dict[str, list[float]],
              raw_tcp: dict[str, Any] | None, failure: str | None, wall: float,
-             log_dir: Path) -> dict[str, Any]:
+             log_dir: Path, estimates: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     n_cores = cores()
     lp_s = _median([r["round_s"] for r in rounds["lp"]])
     eq_s = _median([r["round_s"] for r in rounds["equal"]])
@@ -360,6 +374,14 @@ def _summary(args: argparse.Namespace, caps: list[float], nbytes: int, plan: dic
     correct = {m: sum(r["correct"] for r in rounds[m]) for m in MODES}
     max_err = [r["max_err"] for r in timed]
     lp_pred, eq_pred = plan["lp_predicted_s"], plan["equal_predicted_s"]
+    measured_s = _median([r["round_s"] for r in rounds["measured"]])
+    capacity = [{"host": name, "cap_mbit": cap,
+                 **{f"{d}_mbit": _r(e[d] * 8 / 1e6, 3) if e.get(d) else None
+                    for d in ("up", "down")},
+                 **{f"{d}_vs_cap": _r(e[d] * 8 / 1e6 / cap, 3) if e.get(d) else None
+                    for d in ("up", "down")}}
+                for name, cap, e in zip(HOST_NAMES, caps, estimates or [{}] * len(caps),
+                                        strict=True)]
     out: dict[str, Any] = {
         "benchmark": "all-reduce: LP load plan vs equal shares in netlab",
         "lp_s": _r(lp_s), "equal_shares_s": _r(eq_s),
@@ -368,11 +390,17 @@ def _summary(args: argparse.Namespace, caps: list[float], nbytes: int, plan: dic
         "lp_vs_predicted": _r(lp_s / lp_pred) if lp_s else None,
         "equal_vs_predicted": _r(eq_s / eq_pred) if eq_s else None,
         "equal_vs_lp": _r(eq_s / lp_s) if lp_s and eq_s else None,
+        "measured_s": _r(measured_s),
+        "measured_plan_vs_true_caps": _r(measured_s / lp_s) if lp_s and measured_s else None,
+        "capacity_estimates": capacity,
         "predicted_equal_vs_lp": _r(eq_pred / lp_pred),
         "goals": {"lp_s <= 1.15 lp_predicted_s": bool(lp_s and lp_s <= 1.15 * lp_pred),
+                  "measured_plan_vs_true_caps <= 1.10": bool(lp_s and measured_s
+                                                             and measured_s <= 1.10 * lp_s),
                   "equal_shares_s / lp_s >= 1.3": bool(lp_s and eq_s and eq_s / lp_s >= 1.3)},
         "lp_round_s": [_r(r["round_s"]) for r in rounds["lp"]],
         "equal_round_s": [_r(r["round_s"]) for r in rounds["equal"]],
+        "measured_round_s": [_r(r["round_s"]) for r in rounds["measured"]],
         "lp_span_all_s": [_r(r["span_all_s"]) for r in rounds["lp"]],
         "equal_span_all_s": [_r(r["span_all_s"]) for r in rounds["equal"]],
         "correct_rounds": {m: f"{correct[m]}/{len(rounds[m])}" for m in MODES},
@@ -382,9 +410,12 @@ def _summary(args: argparse.Namespace, caps: list[float], nbytes: int, plan: dic
         "tol": min((r["tol"] for r in timed), default=None),
         "fractions": {"lp": [_r(f, 6) for f in fractions_used.get("lp", plan["lp_fractions"])],
                       "equal": [_r(f, 6) for f in fractions_used.get("equal",
-                                                                     plan["equal_fractions"])]},
+                                                                     plan["equal_fractions"])],
+                      "measured": [_r(f, 6) for f in fractions_used.get("measured", [])]},
         "fractions_from": "lp: p2pdl.averaging.plan_fractions in every peer (as a matchmaking "
-                          "leader); equal: 1/5 each (the auxiliary peer reduces too)",
+                          "leader) of the caps; equal: 1/5 each (the auxiliary peer reduces "
+                          "too); measured: plan_fractions of the bandwidths the peers "
+                          "measured of themselves (node.allreduce.capacity()), the last pair's",
         "hosts": list(HOST_NAMES), "auxiliary": list(AUXILIARY),
         "caps_mbit": caps, "full_caps_mbit": list(FULL_CAPS_MBIT), "scale": args.scale,
         "caps_symmetric": True,

@@ -9,9 +9,12 @@ others its full address (the parent's address exchange, simulations/_harness.py)
 connects to every peer of a higher rank
 (each pair once) and builds the group of all peers in rank order; member i
 declares ``bandwidth = B_i`` bytes/s and peers in ``--aux`` are auxiliary.
-Two load plans of that group: ``lp``, the fractions a matchmaking leader
-would send (``p2pdl.averaging.plan_fractions``), and ``equal``, 1/n each (every
-member accepts connections, the auxiliary one reduces too).
+Three load plans of that group: ``lp``, the fractions a matchmaking leader
+would send (``p2pdl.averaging.plan_fractions``), ``equal``, 1/n each (every
+member accepts connections, the auxiliary one reduces too), and
+``measured``: ``plan_fractions`` of the bandwidths the peers measured of
+themselves in their rounds so far (``node.allreduce.capacity()``, gathered
+through the parent's exchange just before the round; nothing typed in).
 
 Pair p = 0 (untimed warm-up) .. R: the inputs of round p of
 simulations/_allreduce_common.py (contributor ranks 0..K-1, weights 1 + rank;
@@ -49,6 +52,7 @@ from libp2p.peer.id import ID
 import p2pdl
 from p2pdl import NodeConfig
 from p2pdl.averaging import (
+    Aggregator,
     AllReduceConfig,
     CodecPolicy,
     Group,
@@ -66,7 +70,7 @@ from simulations._allreduce_common import (
     weight,
 )
 
-MODES = ("lp", "equal")
+MODES = ("lp", "equal", "measured")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -105,7 +109,8 @@ def left(args: argparse.Namespace) -> float:
 async def run(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # 5 peers share 2 cores
     auxiliary = args.rank in args.aux
-    config = AllReduceConfig(codecs=CodecPolicy(large=args.codec),
+    # The weighted mean (verified): the rounds are checked against it.
+    config = AllReduceConfig(aggregator=Aggregator("mean"), codecs=CodecPolicy(large=args.codec),
                              chunk_values=args.chunk_values,
                              averaging_timeout=min(120.0, max(5.0, args.deadline - time.time())))
     node_config = NodeConfig.build(listen=[f"/ip4/{args.ip}/tcp/0"])
@@ -135,6 +140,15 @@ async def run(args: argparse.Namespace) -> None:
                 tol = tolerance(args.codec, args.contributors, max_abs)
                 tensors = make_inputs(pair, args.rank, args.numel)
             for mode in MODES:
+                if mode == "measured":
+                    estimate = node.allreduce.capacity()
+                    measured = await trio.to_thread.run_sync(
+                        harness.exchange, {"up": estimate.up, "down": estimate.down,
+                                           "bandwidth": estimate.bandwidth}, left(args))
+                    declared = tuple(GroupMemberInfo(m.peer_id, auxiliary=m.auxiliary,
+                                                     bandwidth=info["bandwidth"])
+                                     for m, info in zip(members, measured, strict=True))
+                    plans[mode] = tuple(plan_fractions(declared) or plans["equal"])
                 group = Group(hashlib.sha256(f"netlab-allreduce/{mode}/{pair}".encode()).digest(),
                               "bench-netlab", pair, members, fractions=plans[mode])
                 harness.emit("ready", pair=pair, mode=mode, rank=args.rank,

@@ -4,12 +4,17 @@ The leader's load plan (``_balancing``) gives each member a share of the
 vector by its bandwidth.  Typed in by nobody, every share would be equal;
 so each node measures its own, from the all-reduce's streams:
 
-* after each round, per direction, the bytes its streams moved over the
-  span from the first write (read) to the last one, across the round's
-  streams (``FramedStream.statistics``: ``sent_span``, ``received_span``),
-  is one **sample** of its rate, if the round moved at least
-  MIN_SAMPLE_BYTES over at least MIN_SAMPLE_SECONDS (a small round's rate
-  says more about latency than bandwidth);
+* after each round, per direction, the bulk data (TENSOR frames) the
+  round's streams moved, each frame at the time its write ended (it was
+  read whole: ``FramedStream.tensor_log``; the messages, some sent long
+  after the data, do not count), gives one **sample** of its rate: the
+  highest rate over a window of a quarter of the transfer's span
+  (WINDOWS_PER_SPAN; at least MIN_SAMPLE_SECONDS) sliding over it
+  (:func:`peak_rate`), if the round moved at least MIN_SAMPLE_BYTES over at
+  least MIN_SAMPLE_SECONDS (a small round's rate says more about latency
+  than bandwidth).  The peak, not the mean over the span: streams to
+  several peers end at different times (a slow peer's last), and the link
+  was full only while several were running;
 * the estimate of a direction is the **second highest** of its last WINDOW
   samples (the only one, while there is one): a round slowed by a slow
   member, or by compute, lowers no estimate, and one round measured too
@@ -30,9 +35,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+from collections.abc import Sequence
 
 __all__ = ["CapacityEstimator", "CapacityEstimate", "MIN_SAMPLE_BYTES", "MIN_SAMPLE_SECONDS",
-           "WINDOW", "DIRECTIONS"]
+           "WINDOW", "WINDOWS_PER_SPAN", "DIRECTIONS", "peak_rate"]
 
 #: A round's transfer in one direction counts as a sample only from this many bytes.
 MIN_SAMPLE_BYTES = 1 << 20
@@ -40,6 +46,8 @@ MIN_SAMPLE_BYTES = 1 << 20
 MIN_SAMPLE_SECONDS = 0.05
 #: Samples kept per direction (the last ones).
 WINDOW = 8
+#: A sample is the peak rate over a window of the transfer's span / this.
+WINDOWS_PER_SPAN = 4
 #: The directions measured.
 DIRECTIONS = ("up", "down")
 
@@ -83,6 +91,26 @@ class CapacityEstimator:
         self._count += 1
         return True
 
+    def record_frames(self, direction: str, frames: Sequence[tuple[float, int]]) -> bool:
+        """One round's frames in ``direction`` ((time, bytes), any order): a
+        sample of :func:`peak_rate` over a window of the span /
+        WINDOWS_PER_SPAN (at least ``min_seconds``); whether it counted."""
+        if direction not in self._samples:
+            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        if not frames:
+            return False
+        ordered = sorted(frames)
+        span = ordered[-1][0] - ordered[0][0]
+        total = sum(size for _, size in ordered)
+        if total < self.min_bytes or span < self.min_seconds:
+            return False
+        rate = peak_rate(ordered, max(self.min_seconds, span / WINDOWS_PER_SPAN))
+        if rate is None or rate <= 0:
+            return False
+        self._samples[direction].append(rate)
+        self._count += 1
+        return True
+
     def rate(self, direction: str) -> float | None:
         """The estimate of ``direction`` (bytes/s): the second highest of its
         samples, the only one while there is one; None without samples."""
@@ -93,3 +121,29 @@ class CapacityEstimator:
 
     def estimate(self) -> CapacityEstimate:
         return CapacityEstimate(self.rate("up"), self.rate("down"), self._count)
+
+
+def peak_rate(frames: Sequence[tuple[float, int]], window: float) -> float | None:
+    """The highest rate (bytes/s) over ``window`` seconds sliding over
+    ``frames`` ((time, bytes) in time order, each frame's bytes done at its
+    time): for each frame's time t, the bytes of the frames after t up to
+    t + window, over window; only windows that end by the last frame count
+    (a window past it would count time with no frames).  None with a span
+    shorter than ``window`` or fewer than two frames."""
+    if len(frames) < 2 or window <= 0 or frames[-1][0] - frames[0][0] < window:
+        return None
+    times = [t for t, _ in frames]
+    sums = [0]
+    for _, size in frames:
+        sums.append(sums[-1] + size)
+    best = 0.0
+    end = 0
+    last = times[-1]
+    for i, start in enumerate(times):
+        if start + window > last:
+            break
+        while end < len(times) and times[end] <= start + window:
+            end += 1
+        best = max(best, (sums[end] - sums[i + 1]) / window)
+    return best
+

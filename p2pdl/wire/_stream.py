@@ -80,15 +80,20 @@ CLOSE_LINGER = 2.0
 WHOLE_FRAME_PATIENCE = 0.25
 #: A partial frame's deadline moves at most this late (seconds) before it is pushed back.
 FRAME_DEADLINE_SLACK = 1.0
+#: TENSOR frames per direction whose time a stream keeps (``tensor_log``).
+MAX_TENSOR_LOG = 4096
 #: Bound on the reset/close calls made while tearing a stream down.
 TEARDOWN_TIMEOUT = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
 class StreamStatistics:
-    """A stream's counters.  ``sent_span`` / ``received_span``: the trio
-    times of the first and the last write (read) of frame bytes, None before
-    any: over them, the bytes moved give the stream's rate."""
+    """A stream's counters.  ``tensor_sent`` / ``tensor_received``: the
+    bytes of TENSOR frames written (read whole) and the trio times of the
+    first write's start and the last one's end (of the first and last frame
+    read), None before any: the bulk data's rate, without the messages that
+    may come long before or after it (:meth:`FramedStream.tensor_log` has
+    each frame's time)."""
 
     bytes_sent: int
     bytes_received: int
@@ -96,8 +101,8 @@ class StreamStatistics:
     frames_received: int
     send_credit: int
     buffered_bytes: int
-    sent_span: tuple[float, float] | None = None
-    received_span: tuple[float, float] | None = None
+    tensor_sent: tuple[int, float, float] | None = None
+    tensor_received: tuple[int, float, float] | None = None
 
 
 class FramedStream:
@@ -135,8 +140,12 @@ class FramedStream:
         self._write_closed = False
         self._bytes_sent = self._bytes_received = 0
         self._frames_sent = self._frames_received = 0
-        self._sent_span: tuple[float, float] | None = None
-        self._received_span: tuple[float, float] | None = None
+        self._tensor_sent: tuple[int, float, float] | None = None
+        self._tensor_received: tuple[int, float, float] | None = None
+        # (trio time, bytes) of each TENSOR frame written / read, the first
+        # MAX_TENSOR_LOG of each
+        self._sent_log: list[tuple[float, int]] = []
+        self._received_log: list[tuple[float, int]] = []
         self._traffic: list[int] | None = None
         self._budget = input_budget(net_stream)
         self._held = 0  # bytes held against the budget
@@ -156,10 +165,17 @@ class FramedStream:
             self._traffic = _TRAFFIC[self.protocol or "?"]
         return self._traffic
 
+    def tensor_log(self) -> tuple[list[tuple[float, int]], list[tuple[float, int]]]:
+        """(trio time, bytes) of each TENSOR frame written (when the write
+        ended) and read (when it was whole): the first MAX_TENSOR_LOG of each
+        direction.  The lists are the stream's own: read, do not change."""
+        return self._sent_log, self._received_log
+
     def statistics(self) -> StreamStatistics:
         return StreamStatistics(self._bytes_sent, self._bytes_received, self._frames_sent,
                                 self._frames_received, self._credit.available,
-                                self._window.buffered, self._sent_span, self._received_span)
+                                self._window.buffered, self._tensor_sent,
+                                self._tensor_received)
 
     # -- sending ----------------------------------------------------------
 
@@ -182,7 +198,7 @@ class FramedStream:
         prefix = encode_tensor_frame(header, len(data), request_id)
         # One write per frame: the muxer turns every write into its own frames
         # and encrypted records, which costs more than copying the chunk once.
-        await self._send_frame(prefix + data)
+        await self._send_frame(prefix + data, tensor=True)
 
     async def send_tensor(self, tensor: torch.Tensor, *, part: int = 0, request_id: int = 0,
                           chunk_size: int | None = None) -> int:
@@ -198,7 +214,7 @@ class FramedStream:
             frames += 1
         return frames
 
-    async def _send_frame(self, frame: bytes) -> None:
+    async def _send_frame(self, frame: bytes, *, tensor: bool = False) -> None:
         if self._write_closed:
             raise LocalProtocolError("stream is closed for writing")
         size = len(frame)
@@ -215,12 +231,15 @@ class FramedStream:
                         f"(its consumer is stuck)"
                     )
             self._credit.consume(size)
-            first = trio.current_time()
+            began = trio.current_time()
             await self._write(frame)
             self._bytes_sent += size
             self._frames_sent += 1
-            self._sent_span = (first if self._sent_span is None else self._sent_span[0],
-                               trio.current_time())
+            if tensor:
+                ended = trio.current_time()
+                self._tensor_sent = _spanned(self._tensor_sent, size, began, ended)
+                if len(self._sent_log) < MAX_TENSOR_LOG:
+                    self._sent_log.append((ended, size))
 
     async def _write(self, frame: bytes) -> None:
         async with _locked(self._write_lock):
@@ -419,14 +438,17 @@ class FramedStream:
         """Take bytes read from the muxer (ours: see ``read_owned``)."""
         self._bytes_received += len(data)
         self._count()[1] += len(data)
-        now = trio.current_time()
-        self._received_span = (now if self._received_span is None else self._received_span[0],
-                               now)
         for frame in self._decoder.feed(data, owned=isinstance(data, bytearray)):
             if frame.kind is FrameKind.CREDIT:
                 self._credit.grant(decode_credit(frame.payload))
                 self._credit_lot.unpark_all()
             else:
+                if frame.kind is FrameKind.TENSOR:
+                    now = trio.current_time()
+                    self._tensor_received = _spanned(self._tensor_received, frame.wire_size,
+                                                     now, now)
+                    if len(self._received_log) < MAX_TENSOR_LOG:
+                        self._received_log.append((now, frame.wire_size))
                 self._window.on_frame(frame.wire_size)
                 self._frames_received += 1
                 dispatcher = self._dispatcher
@@ -567,3 +589,12 @@ async def open_framed_stream(net_stream: INetStream,
             nursery.cancel_scope.cancel()
             stream._inbox.clear()  # nobody will take it now
             stream._release_input()
+
+
+def _spanned(known: tuple[int, float, float] | None, size: int, began: float, ended: float
+             ) -> tuple[int, float, float]:
+    """``known`` (bytes, first, last) with ``size`` more bytes moved from ``began`` to ``ended``."""
+    if known is None:
+        return (size, began, ended)
+    return (known[0] + size, known[1], ended)
+

@@ -58,12 +58,12 @@ async def test_messages_and_tensors_arrive_intact(two_nodes):
     assert got["rid"] == 7 == rid and got["hello"] == Hello(1, "start") and reply.name == "done"
     assert got["digest"] == digest(source)
     assert got["stats"].frames_received == 14
-    # the spans of the bytes moved (what a node's capacity estimate reads)
-    first, last = got["stats"].received_span
-    assert first <= last
+    # the tensor bytes moved and when (what a node's capacity estimate reads)
+    received, first, last = got["stats"].tensor_received
     sent = stream.statistics()
-    assert sent.sent_span is not None and sent.sent_span[0] <= first <= last   # one clock
-    assert sent.received_span is not None   # the reply
+    assert 0 < received == sent.tensor_sent[0] < sent.bytes_sent   # the messages: not counted
+    assert sent.tensor_sent[1] <= first <= last   # one clock: written, then read
+    assert sent.tensor_received is None           # the reply is a message
 
 
 @pytest.mark.timeout(60)

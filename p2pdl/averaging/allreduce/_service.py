@@ -354,9 +354,8 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
 
     def _measure(self, session: _Session) -> None:
         """The round's transfers as samples of this node's rates."""
-        moved = {"up": session.bytes_sent, "down": session.bytes_received}
-        for direction, (first, last) in session.spans.items():
-            if self._capacity.record(direction, moved[direction], last - first):
+        for direction, frames in session.frames.items():
+            if self._capacity.record_frames(direction, frames):
                 self._counters["capacity_samples"] += 1
 
     def _my_index(self, group: Group) -> int:

@@ -78,6 +78,8 @@ FALSE_ACCUSATION_FLAG = "false_accusation"
 
 #: Finished groups a node remembers, to refuse their late streams at once.
 MAX_RECENT_GROUPS = 64
+#: TENSOR frames per direction a round keeps the times of, for the capacity estimate.
+MAX_ROUND_FRAMES = 65536
 
 
 #: How long a reducer waits, after ``ar.done``, for the sender to end the stream (s).
@@ -226,9 +228,10 @@ class _Session:
         self.handlers_idle.set()
         self.bytes_sent = 0
         self.bytes_received = 0
-        # direction ("up", "down") -> the first and last trio times the round's
-        # streams moved bytes that way (the capacity estimator's samples)
-        self.spans: dict[str, tuple[float, float]] = {}
+        # direction ("up", "down") -> (trio time, bytes) of the TENSOR frames
+        # the round's streams moved that way, at most MAX_ROUND_FRAMES (the
+        # capacity estimator's samples)
+        self.frames: dict[str, list[tuple[float, int]]] = {"up": [], "down": []}
         self.excluded: set[int] = set()
         self.seen_connected: set[int] = set()   # senders this node was connected to
         self.times: dict[str, float] = {}
@@ -285,11 +288,9 @@ class _Session:
         stats = stream.statistics()
         self.bytes_sent += stats.bytes_sent
         self.bytes_received += stats.bytes_received
-        for direction, span in (("up", stats.sent_span), ("down", stats.received_span)):
-            if span is not None:
-                known = self.spans.get(direction)
-                self.spans[direction] = span if known is None \
-                    else (min(known[0], span[0]), max(known[1], span[1]))
+        for direction, log in zip(("up", "down"), stream.tensor_log(), strict=True):
+            frames = self.frames[direction]
+            frames.extend(log[:max(0, MAX_ROUND_FRAMES - len(frames))])
 
     def mark(self, phase: str) -> None:
         self.times.setdefault(phase, trio.current_time() - self.start)
