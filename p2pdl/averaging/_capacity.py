@@ -21,7 +21,12 @@ so each node measures its own, from the all-reduce's streams:
   fast raises none;
 * the **bandwidth** the node offers (``form_group(bandwidth=...)``, when
   the caller gives none) is the lesser of its two directions' estimates:
-  the plan's model has one rate for sending and receiving at once.
+  the plan's model has one rate for sending and receiving at once;
+* its **reduce rate** (``form_group(reduce_rate=...)``, likewise): per
+  round, the bytes of input its reducer averaged (each chunk's encoded size
+  times its contributors) over the seconds that took (the aggregation and
+  the result's encoding), a sample from MIN_SAMPLE_BYTES and
+  MIN_REDUCE_SECONDS; estimated like a direction.
 
 A sample is a lower bound of the link's capacity: a round limited by
 another member, by the reducers' compute or by the protocol moves less
@@ -38,7 +43,8 @@ import math
 from collections.abc import Sequence
 
 __all__ = ["CapacityEstimator", "CapacityEstimate", "MIN_SAMPLE_BYTES", "MIN_SAMPLE_SECONDS",
-           "WINDOW", "WINDOWS_PER_SPAN", "DIRECTIONS", "peak_rate"]
+           "MIN_REDUCE_SECONDS", "WINDOW", "WINDOWS_PER_SPAN", "DIRECTIONS", "KINDS",
+           "peak_rate"]
 
 #: A round's transfer in one direction counts as a sample only from this many bytes.
 MIN_SAMPLE_BYTES = 1 << 20
@@ -50,15 +56,23 @@ WINDOW = 8
 WINDOWS_PER_SPAN = 4
 #: The directions measured.
 DIRECTIONS = ("up", "down")
+#: What is measured: the two directions, and reducing (input bytes per second).
+KINDS = (*DIRECTIONS, "reduce")
+#: A round's reducing counts as a sample only from this many seconds (it is
+#: CPU work, far shorter than a transfer; the same MIN_SAMPLE_BYTES of input).
+MIN_REDUCE_SECONDS = 0.001
 
 
 @dataclasses.dataclass(frozen=True)
 class CapacityEstimate:
-    """What a node measured of itself (bytes/s; None: no sample yet)."""
+    """What a node measured of itself (bytes/s; None: no sample yet):
+    ``reduce`` is the bytes of input its reducer averaged per second
+    (``form_group``'s ``reduce_rate``)."""
 
     up: float | None
     down: float | None
     samples: int
+    reduce: float | None = None
 
     @property
     def bandwidth(self) -> float | None:
@@ -76,16 +90,17 @@ class CapacityEstimator:
             raise ValueError("window must be at least 1")
         self.min_bytes = MIN_SAMPLE_BYTES if min_bytes is None else min_bytes
         self.min_seconds = MIN_SAMPLE_SECONDS if min_seconds is None else min_seconds
-        self._samples = {d: collections.deque[float](maxlen=window) for d in DIRECTIONS}
+        self._samples = {k: collections.deque[float](maxlen=window) for k in KINDS}
         self._count = 0
 
     def record(self, direction: str, nbytes: int, seconds: float) -> bool:
-        """One round's transfer in ``direction`` (``"up"`` or ``"down"``);
-        whether it counted as a sample."""
+        """One round's transfer in ``direction`` (``"up"`` or ``"down"``), or
+        its reducing (``"reduce"``: input bytes, seconds of work, from
+        MIN_REDUCE_SECONDS); whether it counted as a sample."""
         if direction not in self._samples:
-            raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
-        if nbytes < self.min_bytes or not (math.isfinite(seconds) and seconds
-                                           >= self.min_seconds):
+            raise ValueError(f"direction must be one of {KINDS}, got {direction!r}")
+        least = MIN_REDUCE_SECONDS if direction == "reduce" else self.min_seconds
+        if nbytes < self.min_bytes or not (math.isfinite(seconds) and seconds >= least):
             return False
         self._samples[direction].append(nbytes / seconds)
         self._count += 1
@@ -95,7 +110,7 @@ class CapacityEstimator:
         """One round's frames in ``direction`` ((time, bytes), any order): a
         sample of :func:`peak_rate` over a window of the span /
         WINDOWS_PER_SPAN (at least ``min_seconds``); whether it counted."""
-        if direction not in self._samples:
+        if direction not in DIRECTIONS:
             raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
         if not frames:
             return False
@@ -120,7 +135,8 @@ class CapacityEstimator:
         return samples[1] if len(samples) > 1 else samples[0]
 
     def estimate(self) -> CapacityEstimate:
-        return CapacityEstimate(self.rate("up"), self.rate("down"), self._count)
+        return CapacityEstimate(self.rate("up"), self.rate("down"), self._count,
+                                self.rate("reduce"))
 
 
 def peak_rate(frames: Sequence[tuple[float, int]], window: float) -> float | None:

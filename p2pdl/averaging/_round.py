@@ -25,8 +25,8 @@ async def average_round(matchmaking: MatchmakingService, averaging: AllReduceSer
 
     ``group_options`` go to :meth:`MatchmakingService.form_group`
     (``target_group_size``, ``matchmaking_time``, ``auxiliary``,
-    ``bandwidth``, ``reduce_rate``...: without a ``bandwidth``, the one this
-    node's rounds measured, :meth:`AllReduceService.capacity`); ``weight``,
+    ``bandwidth``, ``reduce_rate``...: without them, what this node's rounds
+    measured, :meth:`AllReduceService.capacity`); ``weight``,
     ``config``, ``inplace``
     and ``sent_error`` to :meth:`AllReduceService.all_reduce`; the aggregation rule and weight
     caps of ``config`` (or the node's) go to ``form_group`` too
@@ -36,11 +36,12 @@ async def average_round(matchmaking: MatchmakingService, averaging: AllReduceSer
     :class:`~p2pdl.errors.MatchmakingFailedError` when no group formed.
     """
     group_options.setdefault("aggregation", (config or averaging.config).aggregation_digest())
-    if group_options.get("bandwidth") is None:
-        # what this node's own rounds measured (None before any: unknown)
-        measured = averaging.capacity().bandwidth
-        group_options["bandwidth"] = None if measured is None \
-            else min(max(measured, MIN_RATE), MAX_RATE)
+    estimate = averaging.capacity()   # what this node's own rounds measured
+    for option, measured in (("bandwidth", estimate.bandwidth),
+                             ("reduce_rate", estimate.reduce)):
+        if group_options.get(option) is None:   # (None before any sample: unknown)
+            group_options[option] = None if measured is None \
+                else min(max(measured, MIN_RATE), MAX_RATE)
     group = await matchmaking.form_group(run_id, epoch, **group_options)
     if on_group is not None:
         on_group(group)

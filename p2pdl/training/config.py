@@ -80,9 +80,8 @@ class OptimizerConfig:
             the node's :class:`~p2pdl.MatchmakingConfig`).
         allreduce: the all-reduce settings (None: the node's).
         bandwidth, reduce_rate: this peer's capacity (bytes/s) for the
-            leader's load plan (None: unknown; a bandwidth of None declares
-            the one this peer's own rounds measured,
-            ``node.allreduce.capacity()``).
+            leader's load plan (None: what this peer's own rounds measured,
+            ``node.allreduce.capacity()``; unknown before any).
         state_sync: download the state from peers when behind (True); with
             False a peer that falls behind only adopts the epoch.
         share_state_every: offer the state to joiners every this many

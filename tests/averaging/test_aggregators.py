@@ -443,13 +443,14 @@ async def test_a_round_forms_groups_by_rule_and_caps():
     class Averaging:   # what the node's rounds measured of its rates
         @staticmethod
         def capacity():
-            return CapacityEstimate(4e6, 2e6, 2)
+            return CapacityEstimate(4e6, 2e6, 3, reduce=8e6)
 
     config = AllReduceConfig(max_weight_ratio=2.0)
     with pytest.raises(RuntimeError):
         await average_round(Matchmaking(), Averaging(), "run", 1, [], weight=1.0, config=config)
     assert seen["aggregation"] == config.aggregation_digest()
     assert seen["bandwidth"] == 2e6     # measured: the lesser direction
+    assert seen["reduce_rate"] == 8e6
     with pytest.raises(RuntimeError):   # what the caller says comes first
         await average_round(Matchmaking(), Averaging(), "run", 1, [], weight=1.0,
                             config=config, bandwidth=5e5)

@@ -76,6 +76,16 @@ def test_the_peak_rate_is_where_several_streams_ran_at_once():
     assert not estimator.record_frames("down", frames[:5])    # 200 kB: too little
 
 
+def test_reducing_is_measured_in_input_bytes_per_second_of_work():
+    estimator = CapacityEstimator()
+    assert not estimator.record("reduce", 10 * MB, 0.0005)  # below MIN_REDUCE_SECONDS
+    assert estimator.record("reduce", 10 * MB, 0.01)         # CPU work: 10 ms is plenty
+    assert estimator.estimate().reduce == 1000 * MB
+    assert estimator.estimate().bandwidth is None             # not a link
+    with pytest.raises(ValueError):
+        estimator.record_frames("reduce", [(0.0, MB), (1.0, MB)])
+
+
 def test_a_steady_transfer_measures_its_rate():
     frames = [(0.001 * k, 1000) for k in range(1, 5001)]        # 1 MB/s for 5 s
     estimator = CapacityEstimator()
@@ -89,6 +99,7 @@ async def test_rounds_measure_the_rates_and_the_next_round_offers_them(monkeypat
     member's measured bandwidth (the load plan's input), where nobody typed
     one.  (A loopback transfer may take less than MIN_SAMPLE_SECONDS.)"""
     monkeypatch.setattr(capacity, "MIN_SAMPLE_SECONDS", 1e-4)
+    monkeypatch.setattr(capacity, "MIN_REDUCE_SECONDS", 1e-5)
     config = AllReduceConfig(averaging_timeout=30.0)
     async with open_nodes(3) as nodes:
         await wait_for_dht(nodes)
@@ -113,5 +124,7 @@ async def test_rounds_measure_the_rates_and_the_next_round_offers_them(monkeypat
             # span to measure that way in that round)
             estimate = node.allreduce.capacity()
             assert estimate.bandwidth is not None and estimate.bandwidth > 0, estimate
+            assert estimate.reduce is not None and estimate.reduce > 0, estimate
             assert node.allreduce.statistics()["capacity_samples"] >= 2
         assert all(m.bandwidth is not None and m.bandwidth > 0 for m in groups[0].members)
+        assert all(m.reduce_rate is not None and m.reduce_rate > 0 for m in groups[0].members)

@@ -357,6 +357,8 @@ class AllReduceService(_SenderSide, _ExchangeSide, _DisputeSide, _ReducerSide,
         for direction, frames in session.frames.items():
             if self._capacity.record_frames(direction, frames):
                 self._counters["capacity_samples"] += 1
+        if self._capacity.record("reduce", session.reduce_bytes, session.reduce_seconds):
+            self._counters["capacity_samples"] += 1
 
     def _my_index(self, group: Group) -> int:
         try:

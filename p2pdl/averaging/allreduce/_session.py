@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -232,6 +233,9 @@ class _Session:
         # the round's streams moved that way, at most MAX_ROUND_FRAMES (the
         # capacity estimator's samples)
         self.frames: dict[str, list[tuple[float, int]]] = {"up": [], "down": []}
+        # this node's reducing: input bytes and seconds (the reduce rate's sample)
+        self.reduce_bytes = 0
+        self.reduce_seconds = 0.0
         self.excluded: set[int] = set()
         self.seen_connected: set[int] = set()   # senders this node was connected to
         self.times: dict[str, float] = {}
@@ -296,9 +300,18 @@ class _Session:
         self.times.setdefault(phase, trio.current_time() - self.start)
 
     def finalize(self) -> None:
-        """Average what became final; wake the tasks sending results."""
+        """Average what became final; wake the tasks sending results.  The
+        seconds it took and the bytes of input it reduced (each chunk's
+        encoded size times its contributors) count towards the node's
+        measured reduce rate."""
         assert self.reducer is not None
-        if self.reducer.finalize():
+        began = time.perf_counter()
+        done = self.reducer.finalize()
+        if done:
+            self.reduce_seconds += time.perf_counter() - began
+            chunks = self.layout.chunks[self.me]
+            self.reduce_bytes += sum(chunks[k].codec.encoded_size(chunks[k].count)
+                                     * len(self.reducer.contributors[k]) for k in done)
             if self.reducer.complete:
                 self.mark("reduce")
             self.progressed()
