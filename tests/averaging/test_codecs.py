@@ -106,9 +106,12 @@ def test_a_trusted_payload_is_not_checked_for_finiteness(codec):
 
 @settings(max_examples=300, deadline=None)
 @given(tensors(st.one_of(MODERATE, st.floats(-2.0**-130, 2.0**-130, width=32))),
-       st.sampled_from([1, 2, 5, 64, DEFAULT_BLOCK_SIZE]))
-def test_uint8_error_is_within_half_a_step_per_block(t, block_size):
-    codec = Uint8Codec(block_size)
+       st.sampled_from([(Uint8Codec, 510), (Uint4Codec, 30)]),
+       st.sampled_from([1, 2, 5, 64, DEFAULT_UINT4_BLOCK_SIZE, DEFAULT_BLOCK_SIZE]))
+def test_blockwise_error_is_within_half_a_step_per_block(t, kind, block_size):
+    """uint8 (255 levels: half a step is the range / 510) and uint4 (15: / 30)."""
+    make, steps = kind
+    codec = make(block_size)
     y = roundtrip(codec, t)
     flat = t.reshape(-1).double()
     err = error(t, y)
@@ -118,25 +121,7 @@ def test_uint8_error_is_within_half_a_step_per_block(t, block_size):
     for start in range(0, flat.numel(), block_size):
         block = clamped[start:start + block_size]
         lo, hi = float(block.min()), float(block.max())
-        bound = (hi - lo) / 510 * (1 + 2**-12) + 2**-23 * max(abs(lo), abs(hi)) + 2**-140
-        beyond = (flat[start:start + block_size] - block).abs()
-        assert bool((err[start:start + block_size] <= bound + beyond).all())
-
-
-@settings(max_examples=300, deadline=None)
-@given(tensors(st.one_of(MODERATE, st.floats(-2.0**-130, 2.0**-130, width=32))),
-       st.sampled_from([1, 2, 5, 64, DEFAULT_UINT4_BLOCK_SIZE]))
-def test_uint4_error_is_within_half_a_step_per_block(t, block_size):
-    codec = Uint4Codec(block_size)
-    y = roundtrip(codec, t)
-    flat = t.reshape(-1).double()
-    err = error(t, y)
-    assert bool((err <= codec.error_bound(t)).all())
-    clamped = flat.clamp(-UINT8_LIMIT, UINT8_LIMIT)
-    for start in range(0, flat.numel(), block_size):
-        block = clamped[start:start + block_size]
-        lo, hi = float(block.min()), float(block.max())
-        bound = (hi - lo) / 30 * (1 + 2**-12) + 2**-23 * max(abs(lo), abs(hi)) + 2**-140
+        bound = (hi - lo) / steps * (1 + 2**-12) + 2**-23 * max(abs(lo), abs(hi)) + 2**-140
         beyond = (flat[start:start + block_size] - block).abs()
         assert bool((err[start:start + block_size] <= bound + beyond).all())
 
