@@ -11,13 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pdl.averaging import Aggregator, Layout, PartReducer, get_codec
+from p2pdl.averaging import Aggregator, CapacityEstimate, Layout, PartReducer, get_codec
 from p2pdl.averaging._aggregators import (
     AUTO_TAU_FACTOR,
     centered_clip,
     centered_clip_reference,
 )
-from p2pdl.averaging._capacity import CapacityEstimate
 from p2pdl.errors import ConfigError
 from p2pdl.wire import TensorHeader
 

@@ -8,16 +8,9 @@ import pytest
 import torch
 import trio
 
-from p2pdl.averaging import AllReduceConfig, average_round
+from p2pdl.averaging import AllReduceConfig, CapacityEstimate, CapacityEstimator, average_round
 from p2pdl.averaging import _capacity as capacity
-from p2pdl.averaging._capacity import (
-    MIN_SAMPLE_BYTES,
-    MIN_SAMPLE_SECONDS,
-    WINDOW,
-    CapacityEstimate,
-    CapacityEstimator,
-    peak_rate,
-)
+from p2pdl.averaging._capacity import MIN_SAMPLE_BYTES, MIN_SAMPLE_SECONDS, WINDOW, peak_rate
 from p2pdl.testing import open_nodes, wait_for_dht
 
 MB = 1 << 20
