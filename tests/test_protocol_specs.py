@@ -41,7 +41,12 @@ from p2pdl.averaging.matchmaking import config as mm_config
 from p2pdl.dht import DHT_PROTOCOL_ID, GROUP_PREFIX, DHTConfig, GroupMember, RoutingTable
 from p2pdl.dht import _messages as dht_messages
 from p2pdl.dht import config as dht_config
-from p2pdl.dht._service import MAINTENANCE_TICK, MIN_BOOTSTRAP_SPACING, REPUBLISH_CONCURRENCY
+from p2pdl.dht._service import (
+    MAINTENANCE_TICK,
+    MAX_BACKGROUND_SENDS,
+    MIN_BOOTSTRAP_SPACING,
+    REPUBLISH_CONCURRENCY,
+)
 from p2pdl.dht._validation import SIGNATURE_DOMAIN, signing_payload
 from p2pdl.membership import MEMBERSHIP_PROTOCOL_ID, MembershipConfig
 from p2pdl.membership import _certificates as mb_certificates
@@ -196,6 +201,7 @@ def test_dht_definitions_match_the_code():
     assert number(rows["MAINTENANCE_TICK"]) == MAINTENANCE_TICK
     assert number(rows["MIN_BOOTSTRAP_SPACING"]) == MIN_BOOTSTRAP_SPACING
     assert number(rows["REPUBLISH_CONCURRENCY"]) == REPUBLISH_CONCURRENCY
+    assert number(rows["MAX_BACKGROUND_SENDS"]) == MAX_BACKGROUND_SENDS
     table = inspect.signature(RoutingTable).parameters
     for field in ("replacement_cache", "max_failures"):
         assert number(rows[field]) == table[field].default, field

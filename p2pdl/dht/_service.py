@@ -60,6 +60,9 @@ MAINTENANCE_TICK = 5.0
 REPUBLISH_CONCURRENCY = 4
 #: Least time between two bootstraps (s).
 MIN_BOOTSTRAP_SPACING = 0.5
+#: Replica sends that may run in the background at once (beyond the
+#: ``store_quorum`` a store waits for); past it, a store waits for all its own.
+MAX_BACKGROUND_SENDS = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +126,9 @@ class DHTService:
         self._store = state.store
         self._counters = state.counters
         self._table_changed = trio.Event()
+        #: where a store's replica sends go on once it returned (while serve runs)
+        self._background: trio.Nursery | None = None
+        self._background_sends = 0
 
     # -- what the node and the layers above read --------------------------------
 
@@ -290,7 +296,8 @@ class DHTService:
         target = key_of(key.encode())
         run_id = self.run_of_key(key)
         accepted = 0
-        with trio.move_on_after(self._config.operation_timeout):
+        deadline = trio.current_time() + self._config.operation_timeout
+        with trio.move_on_at(deadline):
             lookup = await self._lookup(target, run_id=run_id)
             if run_id is None:
                 nearest = lookup.closest()[: self._config.replication]
@@ -304,25 +311,45 @@ class DHTService:
             sender = self._sender()
             requests = [Store(key, [to_wire(i) for i in batch], *sender)
                         for batch in batches(items)]
+            quorum = min(self._config.store_quorum, len(nearest))
+            answered = 0
+            enough = trio.Event()
 
-            async def store_at(contact: Contact) -> None:
-                nonlocal accepted
+            async def store_at(contact: Contact, background: bool) -> None:
+                nonlocal accepted, answered
                 held = False
-                for request in requests:
-                    response = await self._query(contact, request)
-                    if not isinstance(response, Stored) \
-                            or len(response.results) != len(request.items):
-                        break  # no answer, or not one result per item
-                    if any(r == "" for r in response.results):
-                        held = True
-                    else:
-                        logger.debug("%s refused to store %r: %s", contact.peer, key,
-                                     "; ".join(response.results))
-                accepted += held
+                try:
+                    with trio.move_on_at(deadline):
+                        for request in requests:
+                            response = await self._query(contact, request)
+                            if not isinstance(response, Stored) \
+                                    or len(response.results) != len(request.items):
+                                break  # no answer, or not one result per item
+                            if any(r == "" for r in response.results):
+                                held = True
+                            else:
+                                logger.debug("%s refused to store %r: %s", contact.peer, key,
+                                             "; ".join(response.results))
+                finally:
+                    accepted += held
+                    answered += 1
+                    if background:
+                        self._background_sends -= 1
+                    if accepted >= quorum or answered == len(nearest):
+                        enough.set()
 
-            async with trio.open_nursery() as nursery:
+            background = self._background
+            if background is not None and nearest \
+                    and self._background_sends + len(nearest) <= MAX_BACKGROUND_SENDS:
+                # The replicas past the quorum are sent to in the node's nursery.
+                self._background_sends += len(nearest)
                 for contact in nearest:
-                    nursery.start_soon(store_at, contact)
+                    background.start_soon(store_at, contact, True)
+                await enough.wait()
+            else:
+                async with trio.open_nursery() as nursery:
+                    for contact in nearest:
+                        nursery.start_soon(store_at, contact, False)
         self._counters["stores"] += 1
         if not accepted:
             self._counters["stores_failed"] += 1
@@ -526,8 +553,19 @@ class DHTService:
         when it becomes a server; and, while the table holds fewer than k
         contacts (a young or small network), whenever the table has grown
         since the last bootstrap (at most once per ``MIN_BOOTSTRAP_SPACING``)
-        and otherwise after growing delays.
+        and otherwise after growing delays.  While it runs, the replica sends
+        a store no longer waits for (past its ``store_quorum``) go on in its
+        nursery.
         """
+        async with trio.open_nursery() as nursery:
+            self._background = nursery
+            try:
+                await self._maintain(task_status)
+            finally:
+                self._background = None
+
+    async def _maintain(self, task_status: trio.TaskStatus[None]) -> None:
+        """The loop of :meth:`serve`."""
         backoff = Backoff(self._config.bootstrap_backoff)
         announced = False  # whether other nodes have heard from us as a server
         seen_version = -1  # the table's version at the last bootstrap

@@ -41,6 +41,11 @@ class DHTConfig:
             at the first value stays alpha wide).  Default 3.
         replication: nodes each record is stored on (the nearest to its key).
             Default 20 (= k).
+        store_quorum: a store returns once this many of its replicas hold
+            the record (or every replica answered); the others are sent to in
+            the background, within the store's ``operation_timeout``, so one
+            slow replica delays no caller.  Default 5 (at most
+            ``replication``).
         query_timeout: longest wait for one peer's answer during a lookup or
             a store.  Default 5 s.
         operation_timeout: longest a whole store or get may take.  Default 30 s.
@@ -74,6 +79,7 @@ class DHTConfig:
     k: int = 20
     alpha: int = 3
     replication: int = 20
+    store_quorum: int = 5
     query_timeout: float = 5.0
     operation_timeout: float = 30.0
     max_lookup_queries: int = 160
@@ -99,6 +105,7 @@ class DHTConfig:
         check(1 <= self.alpha <= self.k, "alpha must be in 1..k")
         check(1 <= self.replication <= MAX_CLOSER_PEERS,
               f"replication must be in 1..{MAX_CLOSER_PEERS}")
+        check(1 <= self.store_quorum, "store_quorum must be at least 1")
         for name in ("query_timeout", "operation_timeout", "refresh_interval",
                      "republish_interval", "max_ttl"):
             check(getattr(self, name) > 0, f"{name} must be positive")

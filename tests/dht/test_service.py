@@ -365,3 +365,42 @@ def test_sync_and_asyncio_faces():
         a.dht.register_schema(Schema("strict/", dictionary=False))
         with pytest.raises(LocalProtocolError, match="schema"):
             a.dht.store("strict/x", 1, a.dht.now() + 30, subkey="s")
+
+
+@pytest.mark.parametrize("quorum", [2, 5])
+async def test_a_store_returns_at_its_quorum_and_the_slow_replica_still_gets_the_record(
+        autojump_clock, quorum):
+    # Replication 6 of 6 nodes: the storer keeps a copy and sends the 5 others one.
+    config = with_dht(replication=6, store_quorum=quorum, query_timeout=3.0)
+    async with open_memory_nodes(6, config) as nodes:
+        await wait_for_dht(nodes)
+        storer, network = nodes[0], nodes[0].host.network
+        replicas = [n for n in nodes if n is not storer]
+        slow = replicas[-1]
+        honest = slow.dht._answer
+
+        def stall(peer, request):
+            # Its answer to the store waits behind a cut link (the item is held).
+            if isinstance(request, Store):
+                network.partition([slow])
+            return honest(peer, request)
+
+        slow.dht._answer = stall
+        started = trio.current_time()
+        assert await storer.dht.store("k", "v", ttl(60, storer))
+        took = trio.current_time() - started
+        if quorum < 5:
+            assert took < 1.0   # the four others answered at once
+        else:
+            assert took >= 3.0  # it waited for the stalled replica's query_timeout
+        network.heal()
+        await wait_until(lambda: all("k" in n.dht.local_store for n in replicas), 10, step=0.1)
+        assert storer.dht.statistics()["stores_failed"] == 0
+        assert storer.dht._background_sends == 0 or quorum < 5
+        await trio.sleep(config.dht.operation_timeout)
+        assert storer.dht._background_sends == 0   # every send ended by the deadline
+
+
+async def test_a_store_quorum_must_be_positive():
+    with pytest.raises(p2pdl.ConfigError, match="store_quorum"):
+        with_dht(store_quorum=0)
