@@ -13,9 +13,11 @@ its next round's values what the codec rounded off its values in this one
 (``p2pdl.training.ErrorFeedback``; in a real round a peer's own part does
 not travel, so there it rounds less than here).
 
-For each codec (``none``, ``fp16``, ``uint8``, ``uint4``) with and without
-feedback it prints one row of ``rows``: ``bytes_per_value`` (the payload,
-block headers included), ``round_error`` (the relative error of one
+For each codec (``none``, ``fp16``, ``uint8``, ``uint4``, ``topk``) with and
+without feedback it prints one row of ``rows``: ``bytes_per_value`` (a
+sender's payload, block headers included), ``result_bytes_per_value`` (the
+average's: ``topk``'s result codec keeps the union of the peers' positions,
+``--peers`` times as many), ``round_error`` (the relative error of one
 round's average: ``|avg_received - avg_exact| / |avg_exact|``, the median
 over rounds) and ``sum_error`` (the relative error of the sum of the
 ``--rounds`` averages, what SGD or DiLoCo's outer steps add up:
@@ -35,7 +37,7 @@ import torch
 from p2pdl.averaging import get_codec
 from p2pdl.training._rounds import ErrorFeedback
 
-CODECS = ("none", "fp16", "uint8", "uint4")
+CODECS = ("none", "fp16", "uint8", "uint4", "topk")
 
 
 def run(codec_name: str, feedback: bool, args: argparse.Namespace) -> dict[str, object]:
@@ -46,7 +48,7 @@ def run(codec_name: str, feedback: bool, args: argparse.Namespace) -> dict[str, 
     exact_sum = torch.zeros(args.numel, dtype=torch.float64)
     received_sum = torch.zeros(args.numel, dtype=torch.float64)
     errors = []
-    payload = 0
+    payload = result_payload = 0
     for _ in range(args.rounds):
         values = [torch.randn(args.numel, generator=gen) * s for s in scales]
         decoded = []
@@ -59,7 +61,10 @@ def run(codec_name: str, feedback: bool, args: argparse.Namespace) -> dict[str, 
             if feedback:
                 state.keep([sent - back])
         average = torch.stack(decoded).mean(0)
-        received = codec.decode(bytes(codec.encode(average)), args.numel).double()
+        results = codec.for_results(args.peers)
+        encoded_result = results.encode(average)
+        result_payload = len(encoded_result)
+        received = results.decode(bytes(encoded_result), args.numel).double()
         exact = torch.stack(values).double().mean(0)
         errors.append(float((received - exact).norm() / exact.norm()))
         exact_sum += exact
@@ -67,6 +72,7 @@ def run(codec_name: str, feedback: bool, args: argparse.Namespace) -> dict[str, 
     sum_error = float((received_sum - exact_sum).norm() / exact_sum.norm())
     return {"codec": codec_name, "feedback": feedback,
             "bytes_per_value": round(payload / args.numel, 4),
+            "result_bytes_per_value": round(result_payload / args.numel, 4),
             "round_error": float(f"{statistics.median(errors):.4g}"),
             "sum_error": float(f"{sum_error:.4g}")}
 

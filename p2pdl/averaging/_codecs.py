@@ -80,14 +80,21 @@ from ._norms import norm_upper
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["Codec", "NoneCodec", "Float16Codec", "Uint8Codec", "Uint4Codec", "CODECS",
+__all__ = ["Codec", "NoneCodec", "Float16Codec", "Uint8Codec", "Uint4Codec", "TopKCodec", "CODECS",
            "CodecPolicy", "choose_codec", "get_codec", "codec_from_header", "DEFAULT_BLOCK_SIZE",
-           "DEFAULT_UINT4_BLOCK_SIZE", "MAX_BLOCK_SIZE", "FP16_MAX", "UINT8_LIMIT"]
+           "DEFAULT_UINT4_BLOCK_SIZE", "DEFAULT_TOPK_BLOCK_SIZE", "DEFAULT_TOPK_K",
+           "MAX_TOPK_BLOCK_SIZE", "MAX_BLOCK_SIZE", "FP16_MAX", "UINT8_LIMIT"]
 
 #: Values per block of the ``uint8`` codec unless said otherwise.
 DEFAULT_BLOCK_SIZE = 4096
 #: Values per block of the ``uint4`` codec unless said otherwise.
 DEFAULT_UINT4_BLOCK_SIZE = 256
+#: Values per block of the ``topk`` codec unless said otherwise.
+DEFAULT_TOPK_BLOCK_SIZE = 256
+#: Values ``topk`` keeps per block unless said otherwise (1/32 of them).
+DEFAULT_TOPK_K = 8
+#: The largest ``topk`` block: positions travel as 16-bit numbers.
+MAX_TOPK_BLOCK_SIZE = 2**16
 #: The largest block size a peer may announce.
 MAX_BLOCK_SIZE = 2**24
 #: The largest finite fp16 value.
@@ -188,6 +195,10 @@ class Codec:
 
     name: ClassVar[str]
     reencodes: ClassVar[bool] = True
+    #: whether decoded values are 0 but for a few per block (``topk``): a
+    #: reducer then sends its own values through the codec too, so that a
+    #: result is nonzero only where some contributor's values are
+    sparse: ClassVar[bool] = False
 
     def encoded_size(self, numel: int) -> int:
         raise NotImplementedError
@@ -216,6 +227,11 @@ class Codec:
     def meta(self) -> dict[str, Any] | None:
         """The codec's parameters for a TENSOR header's ``meta`` (None: none)."""
         return None
+
+    def for_results(self, members: int) -> Codec:
+        """The codec a reducer's results travel with in a group of ``members``
+        (this one but for ``topk``)."""
+        return self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -522,12 +538,159 @@ class Uint4Codec(Uint8Codec):
         return codes.view(-1)[:numel]
 
 
+@dataclasses.dataclass(frozen=True)
+class TopKCodec(Codec):
+    """Blockwise top-k sparsification: per block of ``block_size`` values,
+    the ``k`` of largest magnitude (their positions and fp16 values); the
+    others decode as 0.
+
+    A result is the average of at most as many contributors' values as the
+    group has members, each ``k``-sparse per block, so it is nonzero only on
+    the union of their positions: :meth:`for_results` gives the codec that
+    carries it without dropping anything (``k`` times the members per
+    block, at most the block).
+    """
+
+    name: ClassVar[str] = "topk"
+    reencodes: ClassVar[bool] = False   # a kept 0 may re-encode at another position
+    sparse: ClassVar[bool] = True
+    block_size: int = DEFAULT_TOPK_BLOCK_SIZE
+    k: int = DEFAULT_TOPK_K
+
+    def __post_init__(self) -> None:
+        for name, value, top in (("block_size", self.block_size, MAX_TOPK_BLOCK_SIZE),
+                                 ("k", self.k, self.block_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
+                raise ConfigError(f"topk {name} must be an int in [1, {top}], got {value!r}")
+
+    def meta(self) -> dict[str, Any]:
+        return {"block_size": self.block_size, "k": self.k}
+
+    def for_results(self, members: int) -> Codec:
+        return TopKCodec(self.block_size, min(self.block_size, max(1, members) * self.k))
+
+    def _kept(self, numel: int) -> tuple[int, int, int]:
+        """(full blocks, values of the last short block, entries in all)."""
+        full, rest = divmod(numel, self.block_size)
+        return full, rest, full * self.k + min(self.k, rest)
+
+    def encoded_size(self, numel: int) -> int:
+        return 4 * self._kept(numel)[2]
+
+    def encode(self, t: torch.Tensor) -> memoryview:
+        import torch
+
+        flat = _as_float32(t)
+        _check_finite_local(flat)
+        full, rest, entries = self._kept(flat.numel())
+        if entries == 0:
+            return memoryview(b"")
+        payload = torch.empty(4 * entries, dtype=torch.uint8)
+        positions = payload[:2 * entries].view(torch.int16)
+        values = payload[2 * entries:].view(torch.float16)
+        width, k = self.block_size, self.k
+        step = max(1, _GROUP_VALUES // width)   # blocks at a time: their temporaries fit in cache
+        for lo in range(0, full, step):
+            hi = min(full, lo + step)
+            blocks = flat[lo * width:hi * width].view(hi - lo, width)
+            self._select(blocks, k, positions[lo * k:hi * k].view(hi - lo, k),
+                         values[lo * k:hi * k].view(hi - lo, k))
+        if rest:
+            kept = min(k, rest)
+            self._select(flat[full * width:].view(1, rest), kept,
+                         positions[full * k:].view(1, kept), values[full * k:].view(1, kept))
+        return memoryview(payload.numpy()).cast("B")
+
+    @staticmethod
+    def _select(blocks: torch.Tensor, k: int, positions: torch.Tensor,
+                values: torch.Tensor) -> None:
+        """Per row of ``blocks``, its ``k`` values of largest magnitude (ties:
+        torch's order, the same on every machine of a build), positions
+        ascending, into ``positions`` (uint16 as int16) and ``values`` (fp16)."""
+        import torch
+
+        chosen = torch.topk(blocks.abs(), k, dim=1, sorted=False).indices.sort(dim=1).values
+        positions.copy_(chosen.to(torch.int32).to(torch.int16))
+        values.copy_(blocks.gather(1, chosen).clamp(-FP16_MAX, FP16_MAX))
+
+    def _entries(self, view: memoryview, numel: int, trusted: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The payload's positions (int64, within each block) and values (fp16),
+        checked: positions strictly ascending within a block and inside it,
+        values finite."""
+        import torch
+
+        full, rest, entries = self._kept(numel)
+        positions = torch.frombuffer(view, dtype=torch.int16, count=entries)
+        positions = positions.to(torch.int64).bitwise_and_(0xFFFF)
+        values = torch.frombuffer(view, dtype=torch.float16, count=entries,
+                                  offset=2 * entries)
+        if trusted:
+            return positions, values
+        if not bool(torch.isfinite(torch.stack(torch.aminmax(values))).all()):
+            raise RemoteProtocolError("topk payload carries NaN or infinite values")
+        k = self.k
+        rows = [(positions[:full * k].view(full, k), self.block_size)] if full else []
+        if rest:
+            rows.append((positions[full * k:].view(1, -1), rest))
+        for block, width in rows:
+            if int(block.max()) >= width or (block.shape[1] > 1 and not bool(
+                    (block[:, 1:] > block[:, :-1]).all())):
+                raise RemoteProtocolError("topk payload positions are not ascending within "
+                                          "their blocks")
+        return positions, values
+
+    def decode(self, payload: bytes | bytearray | memoryview, numel: int, *,
+               out: torch.Tensor | None = None, trusted: bool = False) -> torch.Tensor:
+        view = _view(payload, self, numel)
+        result = _output(numel, out)
+        if numel == 0:
+            return result
+        positions, values = self._entries(view, numel, trusted)
+        full, rest, _ = self._kept(numel)
+        k, width = self.k, self.block_size
+        result.zero_()
+        if full:
+            result[:full * width].view(full, width).scatter_(
+                1, positions[:full * k].view(full, k), values[:full * k].view(full, k).float())
+        if rest:
+            result[full * width:].scatter_(0, positions[full * k:], values[full * k:].float())
+        return result
+
+    def kept_mask(self, t: torch.Tensor) -> torch.Tensor:
+        """Where :meth:`encode` keeps a value of ``t`` (bool, one per value)."""
+        import torch
+
+        flat = _as_float32(t)
+        view = self.encode(flat)
+        full, rest, _ = self._kept(flat.numel())
+        mask = torch.zeros(flat.numel(), dtype=torch.bool)
+        if flat.numel():
+            positions, _ = self._entries(view, flat.numel(), trusted=True)
+            k, width = self.k, self.block_size
+            if full:
+                mask[:full * width].view(full, width).scatter_(
+                    1, positions[:full * k].view(full, k), True)
+            if rest:
+                mask[full * width:].scatter_(0, positions[full * k:], True)
+        return mask
+
+    def error_bound(self, t: torch.Tensor) -> torch.Tensor:
+        """A dropped value's own magnitude; a kept one's fp16 rounding."""
+        import torch
+
+        x = _as_float32(t)
+        return torch.where(self.kept_mask(x), Float16Codec().error_bound(x),
+                           x.double().abs())
+
+
 #: The codecs by name, with their default parameters.
 CODECS: dict[str, Codec] = {
     NoneCodec.name: NoneCodec(),
     Float16Codec.name: Float16Codec(),
     Uint8Codec.name: Uint8Codec(),
     Uint4Codec.name: Uint4Codec(),
+    TopKCodec.name: TopKCodec(),
 }
 #: The codecs that take a ``block_size``.
 _BLOCKED: dict[str, type[Uint8Codec]] = {Uint8Codec.name: Uint8Codec,
@@ -548,10 +711,18 @@ def codec_from_header(name: str, meta: dict[str, Any] | None) -> Codec:
     """The codec a peer's TENSOR header names; RemoteProtocolError if it is not valid."""
     if name not in CODECS:
         raise RemoteProtocolError(f"unknown codec {name!r}")
-    if name not in _BLOCKED:
+    if name not in _BLOCKED and name != TopKCodec.name:
         if meta:
             raise RemoteProtocolError(f"codec {name!r} takes no parameters, got {meta!r}")
         return CODECS[name]
+    if name == TopKCodec.name:
+        if not isinstance(meta, dict) or set(meta) != {"block_size", "k"}:
+            raise RemoteProtocolError(f"codec {name!r} needs exactly a block_size and a k, "
+                                      f"got {meta!r}")
+        try:
+            return TopKCodec(meta["block_size"], meta["k"])
+        except ConfigError as exc:
+            raise RemoteProtocolError(str(exc)) from None
     if not isinstance(meta, dict) or set(meta) != {"block_size"}:
         raise RemoteProtocolError(f"codec {name!r} needs exactly a block_size, got {meta!r}")
     try:

@@ -69,8 +69,8 @@ class OptimizerConfig:
             all-reduce's codecs rounded off its values in the last one (its
             gradients, momentum or DiLoCo delta), so that over rounds the
             rounding cancels out instead of adding up.  ``"auto"`` (the
-            default): on when the all-reduce's codec policy uses ``uint8``
-            or ``uint4``.  The residual is this peer's own (not shared, not
+            default): on when the all-reduce's codec policy uses ``uint8``,
+            ``uint4`` or ``topk``.  The residual is this peer's own (not shared, not
             checkpointed); a step alone or a failed round clears it.
         outer_lr, outer_momentum: DiLoCo's outer Nesterov SGD (0.7, 0.9 as in
             the DiLoCo paper).

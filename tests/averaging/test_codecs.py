@@ -17,6 +17,7 @@ from p2pdl.averaging import (
     CodecPolicy,
     Float16Codec,
     NoneCodec,
+    TopKCodec,
     Uint4Codec,
     Uint8Codec,
     choose_codec,
@@ -25,6 +26,8 @@ from p2pdl.averaging import (
 )
 from p2pdl.averaging._codecs import (
     DEFAULT_BLOCK_SIZE,
+    DEFAULT_TOPK_BLOCK_SIZE,
+    DEFAULT_TOPK_K,
     DEFAULT_UINT4_BLOCK_SIZE,
     FP16_MAX,
     UINT8_LIMIT,
@@ -40,7 +43,7 @@ FLOATS = st.floats(width=32, allow_nan=False, allow_infinity=False)
 MODERATE = st.one_of(st.floats(-10, 10, width=32), FLOATS)
 SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=40)
 ALL = [NoneCodec(), Float16Codec(), Uint8Codec(), Uint8Codec(block_size=7), Uint4Codec(),
-       Uint4Codec(block_size=7)]
+       Uint4Codec(block_size=7), TopKCodec(), TopKCodec(block_size=7, k=3)]
 
 
 def tensors(elements=MODERATE):
@@ -172,6 +175,8 @@ def test_empty_and_single_values(codec):
 @pytest.mark.parametrize("codec", ALL, ids=lambda c: f"{c.name}{getattr(c, 'block_size', '')}")
 def test_constant_blocks_decode_exactly(codec):
     # Two full blocks then a partial one (for uint8); fp16-exact values.
+    if codec.sparse:
+        return   # topk keeps k values of a block, however alike
     size = getattr(codec, "block_size", 5)
     t = torch.tensor([1.5] * size + [-2.0] * size + [0.0] * 3)
     assert torch.equal(roundtrip(codec, t), t)
@@ -285,8 +290,9 @@ def test_wrong_payload_length_is_a_remote_error(codec):
     for wrong in (payload[:-1], payload + b"\0", b""):
         with pytest.raises(RemoteProtocolError, match="payload of"):
             codec.decode(wrong, 20)
-    with pytest.raises(RemoteProtocolError):
-        codec.decode(payload, 21)
+    if not codec.sparse:   # (topk: 20 and 21 values may keep as many)
+        with pytest.raises(RemoteProtocolError):
+            codec.decode(payload, 21)
     with pytest.raises(LocalProtocolError):
         codec.decode(payload, -1)
 
@@ -347,11 +353,62 @@ def test_decoding_garbage_never_yields_nan_or_infinity(data):
     assert bool(torch.isfinite(y).all())
 
 
+@settings(max_examples=100, deadline=None)
+@given(tensors(), st.sampled_from([TopKCodec(), TopKCodec(block_size=7, k=3),
+                                   TopKCodec(block_size=16, k=16)]))
+def test_topk_keeps_the_largest_values_of_each_block(t, codec):
+    """At most k values per block survive, each the fp16 rounding of its
+    value, and no dropped value is larger than a kept one of its block."""
+    flat = t.reshape(-1)
+    y = roundtrip(codec, t).reshape(-1)
+    kept = codec.kept_mask(flat)
+    assert bool((y[~kept] == 0).all())
+    for lo in range(0, flat.numel(), codec.block_size):
+        block, mask = flat[lo:lo + codec.block_size], kept[lo:lo + codec.block_size]
+        assert int(mask.sum()) == min(codec.k, block.numel())
+        if (~mask).any() and mask.any():
+            assert float(block[~mask].abs().max()) <= float(block[mask].abs().min())
+    err = (y.double() - flat.double()).abs()
+    assert bool((err <= codec.error_bound(flat)).all())
+
+
+def test_topk_results_carry_the_union_of_the_contributors_positions():
+    """A combination of n k-sparse vectors has at most n k nonzeros per block:
+    the result codec drops none of them (fp16 values stay as they are)."""
+    codec = TopKCodec(block_size=64, k=4)
+    gen = torch.Generator().manual_seed(3)
+    decoded = [codec.decode(codec.encode(torch.randn(1000, generator=gen)), 1000)
+               for _ in range(5)]
+    result = (sum(decoded) / 5).to(torch.float16).float()
+    results = codec.for_results(5)
+    assert results == TopKCodec(64, 20) and codec.for_results(100) == TopKCodec(64, 64)
+    assert torch.equal(results.decode(results.encode(result), 1000), result)
+    assert results.error_norm(result) <= 2.0**-11 * float(result.norm()) * 1.01
+    assert Float16Codec().for_results(5) == Float16Codec()
+
+
+def test_bad_topk_positions_are_rejected():
+    codec = TopKCodec(block_size=8, k=2)
+    payload = bytearray(codec.encode(torch.arange(16, dtype=torch.float32)))
+    positions = struct.unpack("<4H", payload[:8])
+    assert positions == (6, 7, 6, 7)     # the two largest of each block, ascending
+    for bad in ((7, 6, 6, 7), (6, 6, 6, 7), (6, 8, 6, 7), (6, 7, 6, 65535)):
+        forged = struct.pack("<4H", *bad) + payload[8:]
+        with pytest.raises(RemoteProtocolError, match="positions"):
+            codec.decode(forged, 16)
+
+
 # -- choosing codecs, and their names on the wire ----------------------------
 
 
 def test_the_codecs_by_name():
-    assert set(CODECS) == {"none", "fp16", "uint8", "uint4"}
+    assert set(CODECS) == {"none", "fp16", "uint8", "uint4", "topk"}
+    assert get_codec("topk") == TopKCodec(DEFAULT_TOPK_BLOCK_SIZE, DEFAULT_TOPK_K)
+    for bad in (dict(block_size=0), dict(block_size=2**16 + 1), dict(k=0),
+                dict(block_size=8, k=9), dict(k=1.5), dict(k=True)):
+        with pytest.raises(ConfigError):
+            TopKCodec(**bad)
+    assert TopKCodec().encoded_size(10_000_000) == 4 * (39062 * 8 + 8)
     assert all(codec.name == name for name, codec in CODECS.items())
     assert get_codec("uint8") == Uint8Codec(DEFAULT_BLOCK_SIZE)
     assert get_codec("uint8", 64) == Uint8Codec(64)
@@ -389,7 +446,10 @@ def test_codec_from_header_checks_what_the_peer_announced():
                        ("uint8", {}), ("uint8", {"block_size": 0}),
                        ("uint8", {"block_size": "4096"}), ("uint8", {"block_size": 2**30}),
                        ("uint8", {"block_size": 64, "extra": 1}), ("uint4", None),
-                       ("uint4", {"block_size": 0}), ("uint4", [64])]:
+                       ("uint4", {"block_size": 0}), ("uint4", [64]), ("topk", None),
+                       ("topk", {"block_size": 256}), ("topk", {"block_size": 8, "k": 9}),
+                       ("topk", {"block_size": 2**17, "k": 8}),
+                       ("topk", {"block_size": 256, "k": 8, "extra": 1})]:
         with pytest.raises(RemoteProtocolError):
             codec_from_header(name, meta)
 

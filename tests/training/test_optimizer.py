@@ -153,15 +153,18 @@ def test_diloco_converges_on_the_example(task):
     assert task.validation_loss(models[0]) < start_loss - 0.3
 
 
-def test_diloco_with_uint4_and_error_feedback_converges_and_stays_identical(task):
-    """Outer deltas in 4 bits (about 8x fewer bytes than float32) with error
-    feedback on by default: the peers stay bit-identical and the loss falls."""
+@pytest.mark.parametrize("codec", ["uint4", "topk"])
+def test_diloco_with_a_lossy_codec_and_error_feedback_converges_and_stays_identical(
+        task, codec):
+    """Outer deltas in 4 bits (about 8x fewer bytes than float32), or their
+    largest 1/32 (topk), with error feedback on by default: the peers stay
+    bit-identical and the loss falls."""
     models = [task.build_model() for _ in range(2)]
     start_loss = task.validation_loss(models[0])
-    uint4 = p2pdl.averaging.AllReduceConfig(codecs=p2pdl.averaging.CodecPolicy(large="uint4",
+    lossy = p2pdl.averaging.AllReduceConfig(codecs=p2pdl.averaging.CodecPolicy(large=codec,
                                                                      threshold=1024))
     with swarm(2) as nodes:
-        opts = [make_opt(n, m, "diloco-uint4", target=160, mode="diloco", allreduce=uint4)
+        opts = [make_opt(n, m, f"diloco-{codec}", target=160, mode="diloco", allreduce=lossy)
                 for n, m in zip(nodes, models, strict=True)]
         try:
             assert all(o.rounds.feedback is not None for o in opts)

@@ -99,9 +99,9 @@ class _AccusationSide:
         self._counters["proofs_served"] += 1
         with trio.move_on_after(self._config.reducer_timeout) as scope:
             await stream.send_message(header)
-            for payloads in (kept.result, kept.own, *kept.shown):
+            for n, payloads in enumerate((kept.result, kept.own, *kept.shown)):
                 for k, payload in enumerate(payloads):
-                    await stream.send_tensor_chunk(chunks[k].header(), payload)
+                    await stream.send_tensor_chunk(chunks[k].header(result=n == 0), payload)
         if scope.cancelled_caught:
             await stream.reset()
             return
@@ -168,13 +168,13 @@ class _AccusationSide:
         plan = check_header(header, run_id)
         chunks = plan.layout.chunks[header.part]
         received: list[list[bytes]] = []
-        for count in (plan.result_chunks, plan.own_chunks, *plan.shown_chunks):
+        for n, count in enumerate((plan.result_chunks, plan.own_chunks, *plan.shown_chunks)):
             payloads = []
             for k in range(count):
                 frame = await stream.receive(FETCHED_MESSAGES)
                 if not isinstance(frame, TensorChunk):
                     raise RemoteProtocolError("a proof with fewer chunks than it announces")
-                chunks[k].check(frame.header)
+                chunks[k].check(frame.header, result=n == 0)
                 payloads.append(bytes(frame.data))
             received.append(payloads)
         finding = judge(header, plan, received[0], received[1], received[2:])

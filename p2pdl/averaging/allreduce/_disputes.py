@@ -277,7 +277,8 @@ class _DisputeSide:
         for k, chunk in enumerate(layout.chunks[r]):
             lo = chunk.start - chunk.part_start
             result_payloads.append(kept[k] if k in kept else
-                                   bytes(chunk.codec.encode(result[lo:lo + chunk.count])))
+                                   bytes(chunk.result_codec.encode(
+                                       result[lo:lo + chunk.count])))
         own, own_payloads = None, []
         held = {c.contributor: c.delivered for c in answer.committed or ()}
         if session.me in held and r in session.commitments and r in session.encoded:

@@ -77,7 +77,9 @@ class PartReducer:
     ``senders``: the member indices expected to send (every member that
     contributes, this one excluded).  ``local``: this member's own values of
     the part (float32, 1-D) and ``local_weight`` their weight; with weight 0
-    they count for nothing (an auxiliary peer).
+    they count for nothing (an auxiliary peer).  Of a chunk a sparse codec
+    (``topk``) carries, they are replaced, in place, by the codec's decoding
+    of them, as every sender's values are decoded.
 
     Each sender's chunks are decoded (strictly) as they arrive and held until
     their chunk is **final**: every expected sender has delivered it or is
@@ -128,6 +130,13 @@ class PartReducer:
         # The median cap applies under robust rules only (the mean weighs by samples).
         self.max_ratio = max_ratio if layout.aggregator.robust else None
         self.local = local
+        for chunk in self.chunks:
+            if chunk.codec.sparse:
+                # As every sender's arrive: so a result is nonzero only where
+                # some contributor's decoded values are (Codec.for_results).
+                piece = local[chunk.start - chunk.part_start:chunk.end - chunk.part_start]
+                chunk.codec.decode(chunk.codec.encode(piece), chunk.count, out=piece,
+                                   trusted=True)
         self.local_weight = float(local_weight)
         self.sum = torch.empty_like(local)    # the averages, chunk by chunk
         self.weights = [0.0] * len(self.chunks)
@@ -386,9 +395,10 @@ class PartReducer:
             self.claims.append(ChunkClaim(
                 tuple(self.contributors[k]), tuple(w for w in weights if w > 0),
                 self._radius(radii)))
-            payload = chunk.codec.encode(out)
-            if chunk.codec.name != "none":  # our copy goes through the codec as everyone's
-                chunk.codec.decode(payload, chunk.count, out=out, trusted=True)
+            codec = chunk.result_codec
+            payload = codec.encode(out)
+            if codec.name != "none":  # our copy goes through the codec as everyone's
+                codec.decode(payload, chunk.count, out=out, trusted=True)
             self.payloads.append(payload)
             done.append(k)
             self.final += 1
@@ -514,7 +524,7 @@ class PartReceiver:
             raise RemoteProtocolError(f"reducer of part {self.part} sent more than its "
                                       f"{len(self.chunks)} chunks")
         chunk = self.chunks[self.received]
-        codec = chunk.check(header)
+        codec = chunk.check(header, result=True)
         lo = chunk.start - chunk.part_start
         codec.decode(payload, chunk.count, out=self.out[lo:lo + chunk.count])
         self._digest.update(payload)

@@ -172,7 +172,7 @@ def judge(header: ProvenDispute, plan: ProofPlan, result: Sequence[bytes],
     values = torch.empty(layout.part_numel(part), dtype=torch.float32)
     receiver = PartReceiver(layout, part, values, len(plan.members))
     for chunk, payload in zip(layout.chunks[part], result, strict=True):
-        receiver.add_chunk(chunk.header(), payload)
+        receiver.add_chunk(chunk.header(result=True), payload)
     receiver.done(header.done.segments, header.done.taus)
     if receiver.digest != dispute.digest:
         raise RemoteProtocolError("the result is not the one the dispute names")

@@ -295,7 +295,8 @@ class _ReducerSide:
         for k, chunk in enumerate(reducer.chunks):
             while reducer.final <= k:
                 await session.wait_progress()
-            await stream.send_tensor_chunk(chunk.header(), reducer.payload_for(sender, k))
+            await stream.send_tensor_chunk(chunk.header(result=True),
+                                            reducer.payload_for(sender, k))
         await stream.send_message(Done(reducer.segments(), reducer.taus(),
                                        self._result_signature(session,
                                                               reducer.digest_for(sender))))

@@ -355,8 +355,9 @@ def _predicted(group: Group, layout: Layout) -> float | None:
     """The plan's round time for this vector, if the members said their bandwidths."""
     if not any(m.bandwidth for m in group.members):
         return None
-    vector_bytes = sum(codec.encoded_size(size)
-                       for codec, size in zip(layout.codecs, layout.sizes, strict=True))
+    members = len(layout.fractions)   # (results may travel larger: topk)
+    vector_bytes = sum((codec.encoded_size(size) + codec.for_results(members).encoded_size(size))
+                       / 2 for codec, size in zip(layout.codecs, layout.sizes, strict=True))
     if vector_bytes == 0:
         return 0.0
     try:
@@ -443,11 +444,12 @@ def _sent_error(layout: Layout, me: int, originals: list[torch.Tensor],
     error = torch.zeros(layout.numel, dtype=torch.float32)
     for part in parts:
         r = part.reducer
-        if r == me or not part.completed:
+        if not part.completed:
             continue
         payloads = encoded.get(r)
         for k, chunk in enumerate(layout.chunks[r]):
-            if chunk.codec.name == "none" or not any(
+            # (of its own part only what a sparse codec dropped: PartReducer)
+            if chunk.codec.name == "none" or (r == me and not chunk.codec.sparse) or not any(
                     c.start <= chunk.start and chunk.end <= c.end and me in c.contributors
                     for c in part.contributions):
                 continue

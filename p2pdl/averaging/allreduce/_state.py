@@ -72,19 +72,24 @@ class ChunkSpec:
     part_start: int
     part_numel: int
     codec: Codec
+    #: how the reducer's result of the chunk travels (``codec.for_results``)
+    result_codec: Codec
 
     @property
     def end(self) -> int:
         return self.start + self.count
 
-    def header(self) -> TensorHeader:
-        """The TENSOR header this chunk travels with (both directions)."""
+    def header(self, result: bool = False) -> TensorHeader:
+        """The TENSOR header this chunk's values (``result``: its reducer's
+        result) travel with."""
+        codec = self.result_codec if result else self.codec
         return TensorHeader(self.part, "float32", (self.part_numel,),
-                            self.start - self.part_start, self.count, self.codec.name,
-                            self.codec.meta())
+                            self.start - self.part_start, self.count, codec.name,
+                            codec.meta())
 
-    def check(self, header: TensorHeader) -> Codec:
-        """Raise RemoteProtocolError unless ``header`` is exactly this chunk's."""
+    def check(self, header: TensorHeader, result: bool = False) -> Codec:
+        """Raise RemoteProtocolError unless ``header`` is exactly this chunk's
+        (of its values, or with ``result`` of its result); its codec."""
         if (header.part != self.part or header.dtype != "float32"
                 or tuple(header.shape) != (self.part_numel,)
                 or header.offset != self.start - self.part_start or header.count != self.count):
@@ -94,9 +99,11 @@ class ChunkSpec:
                 f"float32), got part {header.part} [{header.offset}, +{header.count}) of "
                 f"{tuple(header.shape)} {header.dtype}")
         codec = codec_from_header(header.codec, header.meta)
-        if codec != self.codec:
+        expected = self.result_codec if result else self.codec
+        if codec != expected:
             raise RemoteProtocolError(f"chunk {self.index} of part {self.part} travels as "
-                                      f"{self.codec.name}, got {header.codec}")
+                                      f"{expected.name} {expected.meta() or ''}, got "
+                                      f"{header.codec} {header.meta or ''}")
         return codec
 
 
@@ -206,8 +213,9 @@ class Layout:
             while self.tensor_starts[tensor + 1] <= position:
                 tensor += 1
             end = min(hi, self.tensor_starts[tensor + 1], position + self.chunk_values)
+            codec = self.codecs[tensor]
             chunks.append(ChunkSpec(part, len(chunks), position, end - position, lo, hi - lo,
-                                    self.codecs[tensor]))
+                                    codec, codec.for_results(len(self.fractions))))
             position = end
         return tuple(chunks)
 
@@ -215,9 +223,11 @@ class Layout:
         lo, hi = self.part_bounds[part]
         return hi - lo
 
-    def encoded_bytes(self, part: int) -> int:
-        """Bytes of one copy of ``part`` on the wire (payloads only)."""
-        return sum(c.codec.encoded_size(c.count) for c in self.chunks[part])
+    def encoded_bytes(self, part: int, result: bool = False) -> int:
+        """Bytes of one copy of ``part``'s values (``result``: of its result)
+        on the wire (payloads only)."""
+        return sum((c.result_codec if result else c.codec).encoded_size(c.count)
+                   for c in self.chunks[part])
 
 
 def default_fractions(group: Group) -> tuple[float, ...]:
@@ -379,8 +389,9 @@ class AllReduceResult:
         sent_error: asked for with ``all_reduce(..., sent_error=True)``: per
             tensor (float32, its shape), this member's values less what
             the reducers decoded of them, where a completed part took them
-            (0 elsewhere: its own part, exact codecs, parts that did not
-            complete, where its values stayed its own).  A sender that adds
+            (0 elsewhere: its own part but what a sparse codec dropped of
+            it, exact codecs, parts that did not complete, where its values
+            stayed its own).  A sender that adds
             it to its next round's values (error feedback) loses none of
             what the codecs rounded off; None when not asked for.
     """

@@ -411,7 +411,7 @@ def result_norms(layout: Layout, part: int, result: torch.Tensor
         lo = chunk.start - chunk.part_start
         values = result[lo:lo + chunk.count]
         upper = norm_upper(values)
-        norms.append((chunk.codec.error_norm(values, upper), upper))
+        norms.append((chunk.result_codec.error_norm(values, upper), upper))
     return tuple(norms)
 
 

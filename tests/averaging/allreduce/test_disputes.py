@@ -103,12 +103,14 @@ def frame(monkeypatch, liar: int) -> None:
     monkeypatch.setattr(_verify.RoundVerifier, "reports_for", reports_for)
 
 
+@pytest.mark.parametrize("codec", ["fp16", "topk"])
 async def test_a_contributor_that_frames_honest_reducers_is_banned_and_their_parts_kept(
-        monkeypatch):
+        monkeypatch, codec):
     frame(monkeypatch, 2)
+    config = AllReduceConfig(codecs=CodecPolicy(large=codec, threshold=1000), chunk_values=1024)
     async with open_memory_nodes(4) as nodes:
         await connect_all(nodes)
-        results, _ = await run_group(nodes, CONFIG, b"frame")
+        results, _ = await run_group(nodes, config, b"frame")
         flats = [torch.cat([t.flatten() for t in results[i].tensors]) for i in range(4)]
         for i in (0, 1, 3):
             # every part kept, bit-identical everywhere

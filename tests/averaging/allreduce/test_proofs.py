@@ -260,7 +260,12 @@ def test_a_receiver_keeps_only_the_payloads_its_codec_does_not_give_back():
             back = torch.empty(5000)
             codec.decode(payload, 5000, out=back)
             differs += bytes(codec.encode(back)) != payload
-        assert (differs == 0) == codec.reencodes, name
+        if codec.sparse:
+            # re-encoding picks the same positions unless values tie (zeros kept
+            # in a block with fewer than k nonzeros): never claimed
+            assert not codec.reencodes, name
+        else:
+            assert (differs == 0) == codec.reencodes, name
     for large, kept in (("uint8", True), ("uint4", True), ("fp16", False)):
         layout = Layout.for_tensors([10, 3000], [0.5, 0.5],
                                     CodecPolicy(large=large, threshold=100), 1024)

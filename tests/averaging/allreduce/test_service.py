@@ -4,6 +4,7 @@ in-memory nodes in virtual time."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 import struct
@@ -204,6 +205,58 @@ async def test_the_sent_error_is_what_the_codecs_rounded_off_each_members_values
                 bound = c.max_abs_error(received[0][j]) * 1.01 + 1e-5
                 error = float((result.tensors[j] - received[0][j]).abs().max())
                 assert error <= bound, (i, j, error, bound)
+
+
+@pytest.mark.parametrize("rule", ["mean", "default"])
+async def test_a_topk_round_averages_the_sparsified_values_exactly_and_verifies(rule):
+    """Under ``topk`` each member's values travel as their 8 largest of every
+    256 (its own part too), and the result as the union of the contributors'
+    positions: every member gets the average of the sparsified values up to
+    fp16 rounding, bit-identical; with ``AllReduceConfig()``'s CenteredClip and
+    verification every part checks out; ``sent_error`` is what the codec
+    dropped of each member's values, everywhere."""
+    config = AllReduceConfig(codecs=CodecPolicy(large="topk", threshold=100),
+                             chunk_values=4096, averaging_timeout=30.0)
+    if rule == "mean":
+        config = dataclasses.replace(config, aggregator=MEAN)
+    shapes = [(20000,), (50,), (300, 40)]
+    topk = get_codec("topk")
+    async with open_memory_nodes(4) as nodes:
+        await connect_all(nodes)
+        xs = inputs(4, shapes)
+        weights = [1.0, 1.0, 1.0, 1.0]
+        group = make_group(nodes)
+        results = await run_all(nodes, group, xs, weights, config, sent_error=True)
+        layout = Layout.for_tensors([math.prod(s) for s in shapes], default_fractions(group),
+                                    config.codecs, config.chunk_values, config.aggregator)
+        sparse = []   # each member's values as the codec carries them, chunk by chunk
+        for member in xs:
+            flat = torch.cat([x.reshape(-1) for x in member])
+            for chunk in (c for part in layout.chunks for c in part):
+                if chunk.codec == topk:
+                    piece = flat[chunk.start:chunk.end]
+                    topk.decode(topk.encode(piece), chunk.count, out=piece)
+            sparse.append([piece.view(x.shape) for piece, x in zip(
+                flat.split([x.numel() for x in member]), member, strict=True)])
+        truth = weighted_mean(sparse, weights, range(4))
+        for i, result in results.items():
+            assert result.completed, [p.error for p in result.parts]
+            for j, shape in enumerate(shapes):
+                assert torch.equal(result.tensors[j], results[0].tensors[j])
+                if rule == "mean":
+                    bound = 2.0**-10 * float(truth[j].abs().max()) + 1e-6
+                    assert float((result.tensors[j] - truth[j]).abs().max()) <= bound, (i, j)
+                # nonzero only where some member's sparsified values are
+                if math.prod(shape) >= 100:
+                    union = torch.stack([s[j] != 0 for s in sparse]).any(0)
+                    assert not result.tensors[j][~union].any()
+                expected = xs[i][j] - sparse[i][j]
+                assert torch.allclose(result.sent_error[j], expected, atol=1e-6), (i, j)
+        stats = [n.allreduce.statistics() for n in nodes]
+        assert sum(s["parts_failed"] for s in stats) == 0
+        if rule == "default":
+            assert sum(s["parts_check_failed"] + s["parts_unverifiable"] for s in stats) == 0
+            assert sum(s["parts_checked"] for s in stats) == 4 * 3   # every other part
 
 
 async def test_client_mode_and_auxiliary_members():

@@ -49,6 +49,7 @@ def reduce_part(layout: Layout, part: int, rows: torch.Tensor, weights: list[flo
     reducer = PartReducer(layout, part, senders, rows[part, lo:hi].clone(), weights[part],
                           part, 0.0, 10.0, max_share=0.5, max_ratio=1.0)
     decoded = rows[:, lo:hi].clone()
+    decoded[part] = reducer.local   # (sparsified, under topk)
     for j in senders:
         reducer.begin(j, weights[j], True, 0.0)
     for chunk in layout.chunks[part]:
@@ -89,7 +90,7 @@ def scenario(rule: str, codec: str, seed: int, *, n: int = 4, numel: int = 6000,
 
 
 @pytest.mark.parametrize("rule", list(RULES))
-@pytest.mark.parametrize("codec", ["none", "fp16"])
+@pytest.mark.parametrize("codec", ["none", "fp16", "topk"])
 @pytest.mark.parametrize("attack", [None, "scaled", "constant"])
 def test_an_honest_reducer_passes_whatever_its_contributors_send(rule, codec, attack):
     for seed in range(3):
@@ -118,13 +119,18 @@ def lie(kind: str, result: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("rule", list(RULES))
 @pytest.mark.parametrize("kind", ["shifted", "zeroed", "scaled", "swapped"])
-def test_a_result_that_is_not_the_rules_fails_every_time(rule, kind):
+@pytest.mark.parametrize("codec", ["fp16", "topk"])
+def test_a_result_that_is_not_the_rules_fails_every_time(rule, kind, codec):
     for seed in range(3):
-        layout, rows, weights = scenario(rule, "fp16", seed)
+        layout, rows, weights = scenario(rule, codec, seed)
         honest = [reduce_part(layout, part, rows, weights) for part in range(len(weights))]
         for part, (result, claims, decoded) in enumerate(honest):
             other = honest[(part + 1) % len(honest)][0]
             forged = lie(kind, result, other)
+            for chunk in layout.chunks[part]:   # as members receive it: through the codec
+                piece = forged[chunk.start - chunk.part_start:chunk.end - chunk.part_start]
+                chunk.result_codec.decode(chunk.result_codec.encode(piece), chunk.count,
+                                          out=piece)
             for nonce in (b"a" * 32, b"c" * 32):
                 reports = reports_for(layout, part, forged, claims, decoded, nonce)
                 verdict = check_part(layout, part, forged, claims, reports)
@@ -431,19 +437,21 @@ def lying_reducer(monkeypatch, liar: int, shift: float) -> None:
                 lo = chunk.start - chunk.part_start
                 out = self.sum[lo:lo + chunk.count]
                 out.add_(shift)
-                self.payloads[k] = chunk.codec.encode(out)
+                self.payloads[k] = chunk.result_codec.encode(out)
         return done
 
     monkeypatch.setattr(_parts.PartReducer, "finalize", finalize)
 
 
-async def test_a_lying_reducer_is_caught_by_every_member_and_its_part_dropped(monkeypatch):
+@pytest.mark.parametrize("codec", ["fp16", "topk"])
+async def test_a_lying_reducer_is_caught_by_every_member_and_its_part_dropped(monkeypatch,
+                                                                            codec):
     from p2pdl.averaging import AllReduceConfig
     from p2pdl.testing import open_memory_nodes
 
     from .test_service import connect_all
 
-    config = AllReduceConfig(codecs=CodecPolicy(large="fp16", threshold=1000), chunk_values=1024)
+    config = AllReduceConfig(codecs=CodecPolicy(large=codec, threshold=1000), chunk_values=1024)
     lying_reducer(monkeypatch, 3, 10.0)
     async with open_memory_nodes(4) as nodes:
         await connect_all(nodes)
