@@ -663,32 +663,30 @@ class TopKCodec(Codec):
         if numel == 0:
             return result
         positions, values = self._entries(view, numel, trusted)
-        full, rest, _ = self._kept(numel)
+        return self._place(positions, values.float(), result.zero_())
+
+    def _place(self, positions: torch.Tensor, source: torch.Tensor,
+               out: torch.Tensor) -> torch.Tensor:
+        """``source`` (one per entry) written into ``out`` at the entries'
+        positions, block by block; ``out``."""
+        full, rest, _ = self._kept(out.numel())
         k, width = self.k, self.block_size
-        result.zero_()
         if full:
-            result[:full * width].view(full, width).scatter_(
-                1, positions[:full * k].view(full, k), values[:full * k].view(full, k).float())
+            out[:full * width].view(full, width).scatter_(
+                1, positions[:full * k].view(full, k), source[:full * k].view(full, k))
         if rest:
-            result[full * width:].scatter_(0, positions[full * k:], values[full * k:].float())
-        return result
+            out[full * width:].scatter_(0, positions[full * k:], source[full * k:])
+        return out
 
     def kept_mask(self, t: torch.Tensor) -> torch.Tensor:
         """Where :meth:`encode` keeps a value of ``t`` (bool, one per value)."""
         import torch
 
         flat = _as_float32(t)
-        view = self.encode(flat)
-        full, rest, _ = self._kept(flat.numel())
         mask = torch.zeros(flat.numel(), dtype=torch.bool)
         if flat.numel():
-            positions, _ = self._entries(view, flat.numel(), trusted=True)
-            k, width = self.k, self.block_size
-            if full:
-                mask[:full * width].view(full, width).scatter_(
-                    1, positions[:full * k].view(full, k), True)
-            if rest:
-                mask[full * width:].scatter_(0, positions[full * k:], True)
+            positions, _ = self._entries(self.encode(flat), flat.numel(), trusted=True)
+            self._place(positions, torch.ones(positions.numel(), dtype=torch.bool), mask)
         return mask
 
     def error_bound(self, t: torch.Tensor) -> torch.Tensor:
