@@ -13,11 +13,11 @@ its next round's values what the codec rounded off its values in this one
 (``p2pdl.training.ErrorFeedback``; in a real round a peer's own part does
 not travel, so there it rounds less than here).
 
-For each codec (``none``, ``fp16``, ``uint8``, ``uint4``, ``topk``) with and
-without feedback it prints one row of ``rows``: ``bytes_per_value`` (a
-sender's payload, block headers included), ``result_bytes_per_value`` (the
-average's: ``topk``'s result codec keeps the union of the peers' positions,
-``--peers`` times as many), ``round_error`` (the relative error of one
+For each codec (``none``, ``fp16``, ``uint8``, ``uint4``, ``topk``, ``qtopk``)
+with and without feedback it prints one row of ``rows``: ``bytes_per_value``
+(a sender's payload, block headers included), ``result_bytes_per_value``
+(the average's: the result codec of ``topk`` and ``qtopk`` keeps the union
+of the peers' positions, ``--peers`` times as many), ``round_error`` (the relative error of one
 round's average: ``|avg_received - avg_exact| / |avg_exact|``, the median
 over rounds) and ``sum_error`` (the relative error of the sum of the
 ``--rounds`` averages, what SGD or DiLoCo's outer steps add up:
@@ -37,7 +37,7 @@ import torch
 from p2pdl.averaging import get_codec
 from p2pdl.training._rounds import ErrorFeedback
 
-CODECS = ("none", "fp16", "uint8", "uint4", "topk")
+CODECS = ("none", "fp16", "uint8", "uint4", "topk", "qtopk")
 
 
 def run(codec_name: str, feedback: bool, args: argparse.Namespace) -> dict[str, object]:

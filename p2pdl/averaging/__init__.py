@@ -42,6 +42,7 @@ from ._codecs import Codec as Codec
 from ._codecs import CodecPolicy as CodecPolicy
 from ._codecs import Float16Codec as Float16Codec
 from ._codecs import NoneCodec as NoneCodec
+from ._codecs import QTopKCodec as QTopKCodec
 from ._codecs import TopKCodec as TopKCodec
 from ._codecs import Uint4Codec as Uint4Codec
 from ._codecs import Uint8Codec as Uint8Codec

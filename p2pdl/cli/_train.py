@@ -180,15 +180,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="CenteredClip's clipping radius per chunk, or 'auto' (the default): "
                         "each chunk's own, from its contributors' distances "
                         "(--aggregator centered_clip)")
-    p.add_argument("--codec", choices=["fp16", "uint8", "uint4", "topk", "none"],
+    p.add_argument("--codec", choices=["fp16", "uint8", "uint4", "topk", "qtopk", "none"],
                    default="fp16",
                    help="how the large tensors travel in a round: fp16 (the default, 2 bytes "
                         "a value), uint8 (about 1), uint4 (about 0.53), topk (the 8 largest "
                         "of every 256 values, 0.125 bytes a value sent; results carry the "
-                        "union of the members' positions) or none (4, exact); with uint8, "
-                        "uint4 and topk each peer carries what the codec dropped to its "
-                        "next round (error feedback); every peer of a run must use the "
-                        "same (docs/training.md)")
+                        "union of the members' positions), qtopk (topk with 2-bit values, "
+                        "0.055 bytes a value sent; results with 8-bit values) or none (4, "
+                        "exact); with uint8, uint4, topk and qtopk each peer carries what the "
+                        "codec dropped to its next round (error feedback); every peer of a "
+                        "run must use the same (docs/training.md)")
     p.add_argument("--clip-sent-norm", type=positive_float, default=None, metavar="NORM",
                    help="clip what this peer sends to a round to this total norm (default: "
                         "none)")

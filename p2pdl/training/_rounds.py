@@ -56,7 +56,7 @@ AUXILIARY_POLL = 0.05
 #: Rounds an optimizer remembers (``Optimizer.round_history``).
 ROUND_HISTORY = 1024
 #: The codecs whose rounding ``error_feedback="auto"`` carries over.
-LOSSY_CODECS = ("uint8", "uint4", "topk")
+LOSSY_CODECS = ("uint8", "uint4", "topk", "qtopk")
 
 
 class ErrorFeedback:

@@ -70,7 +70,7 @@ class OptimizerConfig:
             gradients, momentum or DiLoCo delta), so that over rounds the
             rounding cancels out instead of adding up.  ``"auto"`` (the
             default): on when the all-reduce's codec policy uses ``uint8``,
-            ``uint4`` or ``topk``.  The residual is this peer's own (not shared, not
+            ``uint4``, ``topk`` or ``qtopk``.  The residual is this peer's own (not shared, not
             checkpointed); a step alone or a failed round clears it.
         outer_lr, outer_momentum: DiLoCo's outer Nesterov SGD (0.7, 0.9 as in
             the DiLoCo paper).

@@ -21,13 +21,15 @@ def test_every_codec_with_and_without_feedback_at_a_tiny_size():
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
     rows = {(r["codec"], r["feedback"]): r for r in report["rows"]}
-    assert set(rows) == {(c, f) for c in ("none", "fp16", "uint8", "uint4", "topk")
+    assert set(rows) == {(c, f) for c in ("none", "fp16", "uint8", "uint4", "topk", "qtopk")
                          for f in (False, True)}
     assert rows["none", False]["sum_error"] < 1e-6
     assert rows["uint4", False]["bytes_per_value"] == pytest.approx(0.531, abs=1e-3)
     assert rows["topk", False]["bytes_per_value"] == pytest.approx(0.125, abs=0.002)
     assert rows["topk", False]["result_bytes_per_value"] == pytest.approx(0.5, abs=0.01)
-    for codec in ("uint8", "uint4", "topk"):
+    assert rows["qtopk", False]["bytes_per_value"] == pytest.approx(0.0547, abs=0.002)
+    assert rows["qtopk", False]["result_bytes_per_value"] == pytest.approx(0.375, abs=0.01)
+    for codec in ("uint8", "uint4", "topk", "qtopk"):
         assert rows[codec, True]["sum_error"] < rows[codec, False]["sum_error"], codec
     bad = subprocess.run([sys.executable, str(BENCH), "--rounds", "0"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)

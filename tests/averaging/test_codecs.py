@@ -17,6 +17,7 @@ from p2pdl.averaging import (
     CodecPolicy,
     Float16Codec,
     NoneCodec,
+    QTopKCodec,
     TopKCodec,
     Uint4Codec,
     Uint8Codec,
@@ -43,7 +44,10 @@ FLOATS = st.floats(width=32, allow_nan=False, allow_infinity=False)
 MODERATE = st.one_of(st.floats(-10, 10, width=32), FLOATS)
 SHAPES = hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=40)
 ALL = [NoneCodec(), Float16Codec(), Uint8Codec(), Uint8Codec(block_size=7), Uint4Codec(),
-       Uint4Codec(block_size=7), TopKCodec(), TopKCodec(block_size=7, k=3)]
+       Uint4Codec(block_size=7), TopKCodec(), TopKCodec(block_size=7, k=3), QTopKCodec(),
+       QTopKCodec(block_size=7, k=3), QTopKCodec(block_size=300, k=5, bits=4),
+       QTopKCodec(block_size=16, k=16, bits=8), QTopKCodec(block_size=300, k=7, bits=16),
+       QTopKCodec(block_size=9, k=2, bits=16)]
 
 
 def tensors(elements=MODERATE):
@@ -398,11 +402,113 @@ def test_bad_topk_positions_are_rejected():
             codec.decode(forged, 16)
 
 
+@settings(max_examples=150, deadline=None)
+@given(tensors(st.one_of(MODERATE, st.floats(-2.0**-20, 2.0**-20, width=32))),
+       st.sampled_from([QTopKCodec(), QTopKCodec(block_size=7, k=3),
+                        QTopKCodec(block_size=16, k=16, bits=4),
+                        QTopKCodec(block_size=300, k=5, bits=8)]))
+def test_qtopk_keeps_topks_values_on_a_grid_of_their_block(t, codec):
+    """qtopk keeps what topk keeps; each kept value decodes to one of the
+    2**bits points of its block's grid, within the documented bound: half a
+    step of the grid over the block's kept values."""
+    flat = t.reshape(-1)
+    y = roundtrip(codec, t).reshape(-1)
+    kept = codec.kept_mask(flat)
+    assert torch.equal(kept, TopKCodec(codec.block_size, codec.k).kept_mask(flat))
+    assert bool((y[~kept] == 0).all())
+    err = (y.double() - flat.double()).abs()
+    assert bool((err <= codec.error_bound(flat)).all())
+    clamped = flat.double().clamp(-FP16_MAX, FP16_MAX)
+    for lo in range(0, flat.numel(), codec.block_size):
+        mask = kept[lo:lo + codec.block_size]
+        values = y[lo:lo + codec.block_size][mask]
+        assert values.unique().numel() <= 2**codec.bits
+        x = clamped[lo:lo + codec.block_size][mask]
+        if x.numel():
+            # the bound is half the kept range's step, give or take fp16's rounding
+            # of the grid (its minimum down, its step up)
+            half = (float(x.max()) - float(x.min())) / codec.levels / 2
+            beyond = (flat.double().abs() - FP16_MAX).clamp(min=0)   # what clamping took
+            bound = (codec.error_bound(flat) - beyond)[lo:lo + codec.block_size][mask]
+            assert float(bound.max()) <= half * (1 + 2.0**-9) + 2.0**-10 * float(
+                x.abs().max()) + 2.0**-24
+
+
+def test_qtopk_layout_and_size():
+    """Grid minima and steps (fp16), positions (one byte for blocks of at
+    most 256, else two), then the codes, first entry in the low bits."""
+    codec = QTopKCodec(block_size=8, k=2, bits=2)
+    t = torch.tensor([0, 0, 0, 0, 0, 0, 1.0, 4.0, -2.0, 0, 0, 0, 0, 0, 0, 3.0])
+    payload = bytes(codec.encode(t))
+    low = struct.unpack("<2e", payload[:4])
+    step = struct.unpack("<2e", payload[4:8])
+    assert low == (1.0, -2.0) and step == (1.0, 5.0 / 3.0 if 5.0 / 3 == float(
+        torch.tensor(5.0 / 3).half()) else step[1])
+    assert tuple(payload[8:12]) == (6, 7, 0, 7)
+    assert payload[12] == 0 | 3 << 2 | 0 << 4 | 3 << 6
+    assert len(payload) == 13 == codec.encoded_size(16)
+    assert torch.equal(codec.decode(payload, 16)[[6, 7, 8, 15]],
+                       torch.tensor([1.0, 4.0, -2.0, -2.0 + 3 * float(step[1])]))
+    default = QTopKCodec()
+    assert (default.block_size, default.k, default.bits) == (256, 8, 2)
+    # 39,063 blocks (the last of 128 values): 4 bytes of grid, 8 positions, 16 bits of codes
+    assert default.encoded_size(10_000_000) == 4 * 39063 + 312504 + 312504 // 4
+    assert QTopKCodec(300, 5, 4).encoded_size(600) == 4 * 2 + 2 * 10 + 5
+    assert QTopKCodec(256, 8, 16).encoded_size(512) == 3 * 16
+    for bad in (dict(bits=3), dict(bits=32), dict(bits=2.0), dict(bits=True), dict(k=0)):
+        with pytest.raises(ConfigError):
+            QTopKCodec(**bad)
+
+
+def test_qtopk_results_carry_the_union_in_fp16():
+    """As topk's: k times the members per block, here with fp16 values (and
+    one-byte positions), so that verification's slack stays fp16's."""
+    codec = QTopKCodec(block_size=64, k=4)
+    assert codec.for_results(5) == QTopKCodec(64, 20, 16)
+    assert codec.for_results(100) == QTopKCodec(64, 64, 16)
+    gen = torch.Generator().manual_seed(5)
+    decoded = [codec.decode(codec.encode(torch.randn(1000, generator=gen)), 1000)
+               for _ in range(5)]
+    result = (sum(decoded) / 5).to(torch.float16).float()
+    results = codec.for_results(5)
+    assert torch.equal(results.decode(results.encode(result), 1000), result)
+    assert results.error_norm(result) <= 2.0**-11 * float(result.norm()) * 1.01
+    assert results.encoded_size(1000) == 3 * (15 * 20 + 20) < TopKCodec(64, 20).encoded_size(
+        1000)
+
+
+def test_bad_qtopk_payloads_are_rejected():
+    codec = QTopKCodec(block_size=8, k=2)
+    good = bytearray(codec.encode(torch.arange(16, dtype=torch.float32)))
+    cases = {
+        "grid": [(0, struct.pack("<e", math.nan)), (2, struct.pack("<e", math.inf)),
+                 (4, struct.pack("<e", -1.0)), (6, struct.pack("<e", math.nan))],
+        "positions": [(8, bytes([7, 6])), (10, bytes([6, 6])), (10, bytes([6, 8]))],
+    }
+    for message, edits in cases.items():
+        for offset, data in edits:
+            forged = bytearray(good)
+            forged[offset:offset + len(data)] = data
+            with pytest.raises(RemoteProtocolError, match=message):
+                codec.decode(bytes(forged), 16)
+    fp16 = QTopKCodec(block_size=8, k=2, bits=16)
+    payload = bytearray(fp16.encode(torch.arange(16, dtype=torch.float32)))
+    payload[2:4] = struct.pack("<e", math.inf)
+    with pytest.raises(RemoteProtocolError, match="NaN or infinite"):
+        fp16.decode(bytes(payload), 16)
+    # three entries of two bits: the last byte's top two bits are unused
+    odd = QTopKCodec(block_size=8, k=3)
+    payload = bytearray(odd.encode(torch.arange(8, dtype=torch.float32)))
+    payload[-1] |= 0b11000000
+    with pytest.raises(RemoteProtocolError, match="after its last entry"):
+        odd.decode(bytes(payload), 8)
+
+
 # -- choosing codecs, and their names on the wire ----------------------------
 
 
 def test_the_codecs_by_name():
-    assert set(CODECS) == {"none", "fp16", "uint8", "uint4", "topk"}
+    assert set(CODECS) == {"none", "fp16", "uint8", "uint4", "topk", "qtopk"}
     assert get_codec("topk") == TopKCodec(DEFAULT_TOPK_BLOCK_SIZE, DEFAULT_TOPK_K)
     for bad in (dict(block_size=0), dict(block_size=2**16 + 1), dict(k=0),
                 dict(block_size=8, k=9), dict(k=1.5), dict(k=True)):
@@ -449,7 +555,14 @@ def test_codec_from_header_checks_what_the_peer_announced():
                        ("uint4", {"block_size": 0}), ("uint4", [64]), ("topk", None),
                        ("topk", {"block_size": 256}), ("topk", {"block_size": 8, "k": 9}),
                        ("topk", {"block_size": 2**17, "k": 8}),
-                       ("topk", {"block_size": 256, "k": 8, "extra": 1})]:
+                       ("topk", {"block_size": 256, "k": 8, "extra": 1}),
+                       ("topk", {"block_size": 256, "k": 8, "bits": 2}),
+                       ("qtopk", {"block_size": 256, "k": 8}),
+                       ("qtopk", {"block_size": 256, "k": 8, "bits": 3}),
+                       ("qtopk", {"block_size": 256, "k": 8, "bits": 2.0}),
+                       ("qtopk", {"block_size": 256, "k": 8, "bits": 32}),
+                       ("qtopk", {"block_size": 256, "k": 8, "bits": True}),
+                       ("qtopk", {"block_size": 4, "k": 8, "bits": 2})]:
         with pytest.raises(RemoteProtocolError):
             codec_from_header(name, meta)
 

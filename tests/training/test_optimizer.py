@@ -153,7 +153,7 @@ def test_diloco_converges_on_the_example(task):
     assert task.validation_loss(models[0]) < start_loss - 0.3
 
 
-@pytest.mark.parametrize("codec", ["uint4", "topk"])
+@pytest.mark.parametrize("codec", ["uint4", "topk", "qtopk"])
 def test_diloco_with_a_lossy_codec_and_error_feedback_converges_and_stays_identical(
         task, codec):
     """Outer deltas in 4 bits (about 8x fewer bytes than float32), or their

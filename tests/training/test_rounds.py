@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2pdl.averaging import AllReduceConfig, CodecPolicy, TopKCodec, get_codec
+from p2pdl.averaging import AllReduceConfig, CodecPolicy, QTopKCodec, TopKCodec, get_codec
 from p2pdl.errors import CallTimeoutError, ConfigError, MatchmakingFailedError
 from p2pdl.training import OptimizerConfig, Rounds
 from p2pdl.training._rounds import ErrorFeedback, clear_incomplete
@@ -259,14 +259,14 @@ def test_a_rounds_rounding_is_sent_with_the_next_round():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from(["uint4", "uint8", "fp16", "topk"]), st.integers(1, 6),
+@given(st.sampled_from(["uint4", "uint8", "fp16", "topk", "qtopk"]), st.integers(1, 6),
        st.integers(1, 600), st.integers(0, 2**16))
 def test_error_feedback_loses_nothing_but_the_last_rounding(codec_name, count, numel, seed):
     """Over rounds, what the reducers decoded plus the residual is what was given:
     sum(decoded) + residual == sum(inputs), up to float32 rounding (topk: what
     it dropped is the residual's)."""
-    codec = TopKCodec(7, 2) if codec_name == "topk" else \
-        get_codec(codec_name, 7 if codec_name != "fp16" else None)
+    codec = TopKCodec(7, 2) if codec_name == "topk" else QTopKCodec(7, 2) \
+        if codec_name == "qtopk" else get_codec(codec_name, 7 if codec_name != "fp16" else None)
     gen = torch.Generator().manual_seed(seed)
     feedback = ErrorFeedback()
     given_sum = torch.zeros(numel, dtype=torch.float64)

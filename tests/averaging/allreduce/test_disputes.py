@@ -103,7 +103,7 @@ def frame(monkeypatch, liar: int) -> None:
     monkeypatch.setattr(_verify.RoundVerifier, "reports_for", reports_for)
 
 
-@pytest.mark.parametrize("codec", ["fp16", "topk"])
+@pytest.mark.parametrize("codec", ["fp16", "topk", "qtopk"])
 async def test_a_contributor_that_frames_honest_reducers_is_banned_and_their_parts_kept(
         monkeypatch, codec):
     frame(monkeypatch, 2)

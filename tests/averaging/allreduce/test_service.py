@@ -207,20 +207,21 @@ async def test_the_sent_error_is_what_the_codecs_rounded_off_each_members_values
                 assert error <= bound, (i, j, error, bound)
 
 
+@pytest.mark.parametrize("codec", ["topk", "qtopk"])
 @pytest.mark.parametrize("rule", ["mean", "default"])
-async def test_a_topk_round_averages_the_sparsified_values_exactly_and_verifies(rule):
+async def test_a_topk_round_averages_the_sparsified_values_exactly_and_verifies(rule, codec):
     """Under ``topk`` each member's values travel as their 8 largest of every
     256 (its own part too), and the result as the union of the contributors'
     positions: every member gets the average of the sparsified values up to
     fp16 rounding, bit-identical; with ``AllReduceConfig()``'s CenteredClip and
     verification every part checks out; ``sent_error`` is what the codec
     dropped of each member's values, everywhere."""
-    config = AllReduceConfig(codecs=CodecPolicy(large="topk", threshold=100),
+    config = AllReduceConfig(codecs=CodecPolicy(large=codec, threshold=100),
                              chunk_values=4096, averaging_timeout=30.0)
     if rule == "mean":
         config = dataclasses.replace(config, aggregator=MEAN)
     shapes = [(20000,), (50,), (300, 40)]
-    topk = get_codec("topk")
+    topk = get_codec(codec)
     async with open_memory_nodes(4) as nodes:
         await connect_all(nodes)
         xs = inputs(4, shapes)

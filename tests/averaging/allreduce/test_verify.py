@@ -90,7 +90,7 @@ def scenario(rule: str, codec: str, seed: int, *, n: int = 4, numel: int = 6000,
 
 
 @pytest.mark.parametrize("rule", list(RULES))
-@pytest.mark.parametrize("codec", ["none", "fp16", "topk"])
+@pytest.mark.parametrize("codec", ["none", "fp16", "topk", "qtopk"])
 @pytest.mark.parametrize("attack", [None, "scaled", "constant"])
 def test_an_honest_reducer_passes_whatever_its_contributors_send(rule, codec, attack):
     for seed in range(3):
@@ -119,7 +119,7 @@ def lie(kind: str, result: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("rule", list(RULES))
 @pytest.mark.parametrize("kind", ["shifted", "zeroed", "scaled", "swapped"])
-@pytest.mark.parametrize("codec", ["fp16", "topk"])
+@pytest.mark.parametrize("codec", ["fp16", "topk", "qtopk"])
 def test_a_result_that_is_not_the_rules_fails_every_time(rule, kind, codec):
     for seed in range(3):
         layout, rows, weights = scenario(rule, codec, seed)
@@ -443,7 +443,7 @@ def lying_reducer(monkeypatch, liar: int, shift: float) -> None:
     monkeypatch.setattr(_parts.PartReducer, "finalize", finalize)
 
 
-@pytest.mark.parametrize("codec", ["fp16", "topk"])
+@pytest.mark.parametrize("codec", ["fp16", "topk", "qtopk"])
 async def test_a_lying_reducer_is_caught_by_every_member_and_its_part_dropped(monkeypatch,
                                                                             codec):
     from p2pdl.averaging import AllReduceConfig
