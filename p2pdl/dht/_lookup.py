@@ -161,6 +161,17 @@ class Lookup:
         """The nearest peers that answered, nearest first (at most k)."""
         return [c.contact for c in self._nearest() if c.state is _State.ANSWERED]
 
+    def confirmed(self) -> list[Contact]:
+        """The nearest candidates that answered, up to the first that has not
+        (nearest first): peers a store may go to before the lookup is done,
+        since only an answer still to come could bring one nearer."""
+        out = []
+        for candidate in self._nearest():
+            if candidate.state is not _State.ANSWERED:
+                break
+            out.append(candidate.contact)
+        return out
+
     def stats(self) -> LookupStats:
         answered = [c for c in self._nearest() if c.state is _State.ANSWERED]
         hops = self._value_hops if self._value_hops is not None else (

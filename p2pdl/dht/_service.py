@@ -19,6 +19,7 @@ node's RPC client and keeps the table fresh:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -41,6 +42,7 @@ from ._state import (
     DHTState,
     GroupMember,
     GroupPeer,
+    StoreTally,
     ValueWithExpiration,
     batches,
     check_key,
@@ -61,7 +63,8 @@ REPUBLISH_CONCURRENCY = 4
 #: Least time between two bootstraps (s).
 MIN_BOOTSTRAP_SPACING = 0.5
 #: Replica sends that may run in the background at once (beyond the
-#: ``store_quorum`` a store waits for); past it, a store waits for all its own.
+#: ``store_quorum`` a store waits for; a store counts its lookup as one);
+#: past it, a store waits for all its own.
 MAX_BACKGROUND_SENDS = 256
 
 
@@ -295,65 +298,96 @@ class DHTService:
         """Store ``items`` at the nodes nearest to ``key``; True if one of them holds them."""
         target = key_of(key.encode())
         run_id = self.run_of_key(key)
-        accepted = 0
         deadline = trio.current_time() + self._config.operation_timeout
+        sender = self._sender()
+        requests = [Store(key, [to_wire(i) for i in batch], *sender) for batch in batches(items)]
+        tally = StoreTally(self._config.store_quorum)
+        enough = trio.Event()
+        background = self._background
+        # Up to replication sends and the lookup's task, past the store's return.
+        reserve = self._config.replication + 1
         with trio.move_on_at(deadline):
-            lookup = await self._lookup(target, run_id=run_id)
-            if run_id is None:
-                nearest = lookup.closest()[: self._config.replication]
-            else:  # a guarded run's records go to its members only
-                nearest = await self._member_replicas(target, run_id, lookup.closest())
-            nearest, here = self._state.replicas(target, nearest, self.server_mode)
-            if here:   # this node is one of the replicas: it keeps them too
-                now = self._clock()
-                for item in items:
-                    self._store.put(key, item, now)
-            sender = self._sender()
-            requests = [Store(key, [to_wire(i) for i in batch], *sender)
-                        for batch in batches(items)]
-            quorum = min(self._config.store_quorum, len(nearest))
-            answered = 0
-            enough = trio.Event()
-
-            async def store_at(contact: Contact, background: bool) -> None:
-                nonlocal accepted, answered
-                held = False
-                try:
-                    with trio.move_on_at(deadline):
-                        for request in requests:
-                            response = await self._query(contact, request)
-                            if not isinstance(response, Stored) \
-                                    or len(response.results) != len(request.items):
-                                break  # no answer, or not one result per item
-                            if any(r == "" for r in response.results):
-                                held = True
-                            else:
-                                logger.debug("%s refused to store %r: %s", contact.peer, key,
-                                             "; ".join(response.results))
-                finally:
-                    accepted += held
-                    answered += 1
-                    if background:
-                        self._background_sends -= 1
-                    if accepted >= quorum or answered == len(nearest):
-                        enough.set()
-
-            background = self._background
-            if background is not None and nearest \
-                    and self._background_sends + len(nearest) <= MAX_BACKGROUND_SENDS:
-                # The replicas past the quorum are sent to in the node's nursery.
-                self._background_sends += len(nearest)
-                for contact in nearest:
-                    background.start_soon(store_at, contact, True)
+            if background is not None \
+                    and self._background_sends + reserve <= MAX_BACKGROUND_SENDS:
+                self._background_sends += reserve
+                background.start_soon(functools.partial(
+                    self._replicate, key, target, items, requests, tally, enough, deadline,
+                    reserve, run_id=run_id))
                 await enough.wait()
             else:
-                async with trio.open_nursery() as nursery:
-                    for contact in nearest:
-                        nursery.start_soon(store_at, contact, False)
+                await self._replicate(key, target, items, requests, tally, enough, deadline, 0,
+                                      run_id=run_id)
         self._counters["stores"] += 1
-        if not accepted:
+        if not tally.accepted:
             self._counters["stores_failed"] += 1
-        return accepted > 0
+        return tally.accepted > 0
+
+    async def _replicate(self, key: str, target: int, items: list[Item],
+                         requests: list[Store], tally: StoreTally, enough: trio.Event,
+                         deadline: float, reserved: int, *, run_id: str | None = None) -> None:
+        """The lookup of a store and its sends to the replicas, counted in
+        ``tally``; ``enough`` is set once the tally says so (or it all ended).
+        With no ``run_id``, sends start as the lookup confirms the nearest
+        nodes (:meth:`Lookup.confirmed`), so that the store's quorum waits
+        for no more than the nearest few answers; the rest follow once the
+        lookup is done.  ``reserved``: background slots to give back."""
+        sent: set[Any] = set()
+        try:
+            with trio.move_on_at(deadline):
+                async with trio.open_nursery() as sends:
+
+                    def send(contacts: list[Contact]) -> None:
+                        for contact in contacts:
+                            if contact.peer not in sent:
+                                sent.add(contact.peer)
+                                tally.sent += 1
+                                sends.start_soon(self._store_at, contact, key, requests,
+                                                 tally, enough)
+
+                    # Before the lookup is done, no more than the replicas that
+                    # this node (a server that may be one) would send to.
+                    early = self._config.replication - (1 if self.server_mode else 0)
+
+                    def confirmed(lookup: Lookup) -> None:
+                        send(lookup.confirmed()[:early])
+
+                    lookup = await self._lookup(target, run_id=run_id,
+                                                on_answer=None if run_id else confirmed)
+                    if run_id is None:
+                        nearest = lookup.closest()[: self._config.replication]
+                    else:  # a guarded run's records go to its members only
+                        nearest = await self._member_replicas(target, run_id, lookup.closest())
+                    nearest, here = self._state.replicas(target, nearest, self.server_mode)
+                    if here:   # this node is one of the replicas: it keeps them too
+                        now = self._clock()
+                        for item in items:
+                            self._store.put(key, item, now)
+                    send(nearest)
+                    if tally.looked_up():
+                        enough.set()
+        finally:
+            enough.set()
+            self._background_sends -= reserved
+
+    async def _store_at(self, contact: Contact, key: str, requests: list[Store],
+                        tally: StoreTally, enough: trio.Event) -> None:
+        """Send one replica a store's requests, one after the other (a failure,
+        or an answer but ``dht.stored`` with one result per item, ends them)."""
+        held = False
+        try:
+            for request in requests:
+                response = await self._query(contact, request)
+                if not isinstance(response, Stored) \
+                        or len(response.results) != len(request.items):
+                    break  # no answer, or not one result per item
+                if any(r == "" for r in response.results):
+                    held = True
+                else:
+                    logger.debug("%s refused to store %r: %s", contact.peer, key,
+                                 "; ".join(response.results))
+        finally:
+            if tally.answer(held):
+                enough.set()
 
     # -- lookups ----------------------------------------------------------------------
 
@@ -424,12 +458,14 @@ class DHTService:
 
     async def _lookup(self, target: int, *, find_value: str | None = None,
                       stop_at_value: bool = False, into: Record | None = None,
-                      run_id: str | None = None) -> Lookup:
+                      run_id: str | None = None,
+                      on_answer: Callable[[Lookup], None] | None = None) -> Lookup:
         """Run one iterative lookup for ``target`` (a find-value lookup with ``find_value``).
 
         Valid items found are merged into ``into``.  With the ``run_id`` of a
         guarded run the key is asked of the run's members only: every other
         contact gets a ``dht.find_node`` (it learns a position, not the key).
+        ``on_answer`` is called with the lookup after each answer it takes in.
         """
         config = self._config
         lookup = Lookup(target, self._seeds(target, run_id), k=config.k, alpha=config.alpha,
@@ -464,6 +500,8 @@ class DHTService:
                 # A DHT client answers, but holds nothing and must not count
                 # among the nearest (it would take a replica's place).
                 lookup.on_response(contact.peer, closer, found, usable=response.server)
+                if on_answer is not None:
+                    on_answer(lookup)
             finally:
                 progress.unpark_all()
 

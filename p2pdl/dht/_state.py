@@ -58,7 +58,7 @@ from .config import (
 
 __all__ = ["DHTState", "ValueWithExpiration", "GroupPeer", "GroupMember", "GROUP_PREFIX",
            "GROUP_SCHEMA", "batches", "to_wire", "check_key", "check_remote_key",
-           "valid_peer_id"]
+           "valid_peer_id", "StoreTally"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -374,3 +374,30 @@ def valid_peer_id(peer: ID) -> bool:
     except Exception:  # untrusted bytes
         return False
     return True
+
+
+class StoreTally:
+    """One store's replica sends (sans-IO): how many went out (``sent``),
+    answered and hold the items (``accepted``).  :meth:`answer` and
+    :meth:`looked_up` return whether the store may return now: once
+    ``quorum`` replicas hold the items (at most as many as were sent to, once
+    the lookup is done), or every send answered after the lookup is done."""
+
+    def __init__(self, quorum: int) -> None:
+        self.quorum = quorum
+        self.sent = self.answered = self.accepted = 0
+        self.done = False   # the lookup is done: every replica was sent to
+
+    def answer(self, held: bool) -> bool:
+        self.answered += 1
+        self.accepted += held
+        return self.enough
+
+    def looked_up(self) -> bool:
+        self.done = True
+        self.quorum = min(self.quorum, self.sent)
+        return self.enough
+
+    @property
+    def enough(self) -> bool:
+        return self.accepted >= self.quorum or (self.done and self.answered == self.sent)

@@ -53,6 +53,26 @@ def test_alpha_in_flight_while_answers_bring_nearer_peers_then_all_k_at_once():
     assert [c.peer for c in lookup.closest()] == [c.peer for c in near[:6]]
 
 
+def test_confirmed_is_the_nearest_answered_up_to_the_first_that_has_not():
+    """What a store may send to before the lookup is done: the nearest
+    candidates that answered, in order, up to the first one that has not
+    (or failed and was passed over)."""
+    near = [Contact(100 + i, i) for i in range(1, 7)]  # keys 1..6, target 0
+    lookup = Lookup(0, near, k=6, alpha=3)
+    assert lookup.confirmed() == []
+    first = lookup.next_queries()                      # keys 1, 2, 3
+    lookup.on_response(first[1].peer, [])
+    assert lookup.confirmed() == []                    # key 1 has not answered
+    lookup.on_response(first[0].peer, [])
+    assert [c.key for c in lookup.confirmed()] == [1, 2]
+    lookup.on_failure(first[2].peer)                   # key 3 is out
+    rest = lookup.next_queries()                       # converged? all of the rest
+    assert [c.key for c in lookup.confirmed()] == [1, 2]
+    lookup.on_response(rest[0].peer, [Contact(99, 0b10000)])   # a farther peer: no change
+    assert [c.key for c in lookup.confirmed()] == [1, 2, rest[0].key]
+    assert not lookup.done
+
+
 def test_a_peer_that_answers_but_is_no_candidate_only_refers():
     lookup = Lookup(0, [Contact("client", 1)], k=2, alpha=1)
     (client,) = lookup.next_queries()

@@ -396,9 +396,47 @@ async def test_a_store_returns_at_its_quorum_and_the_slow_replica_still_gets_the
         network.heal()
         await wait_until(lambda: all("k" in n.dht.local_store for n in replicas), 10, step=0.1)
         assert storer.dht.statistics()["stores_failed"] == 0
-        assert storer.dht._background_sends == 0 or quorum < 5
         await trio.sleep(config.dht.operation_timeout)
         assert storer.dht._background_sends == 0   # every send ended by the deadline
+
+
+async def test_a_store_sends_to_the_nearest_as_the_lookup_confirms_them(autojump_clock):
+    """A node among the key's nearest (not the very nearest) stalls its
+    lookup answers: the store goes to the three nearest as soon as they
+    answered and returns at its quorum of three, not after the stalled
+    query's timeout; the lookup ends behind it and the other replicas get
+    the record."""
+    config = with_dht(replication=6, store_quorum=3, query_timeout=3.0)
+    async with open_memory_nodes(10, config) as nodes:
+        await wait_for_dht(nodes)
+        storer, network = nodes[0], nodes[0].host.network
+        target = key_of(b"k")
+        others = sorted((n for n in nodes if n is not storer),
+                        key=lambda n: n.dht._key ^ target)
+        slow = others[4]
+        honest = slow.dht._answer
+
+        def stall(peer, request):
+            if isinstance(request, FindNode) and peer == storer.peer_id:
+                network.partition([slow])   # its answer waits behind a cut link
+            return honest(peer, request)
+
+        slow.dht._answer = stall
+        started = trio.current_time()
+        assert await storer.dht.store("k", "v", ttl(60, storer))
+        assert trio.current_time() - started < 1.0
+        assert all("k" in n.dht.local_store for n in others[:3])
+        await trio.sleep(config.dht.query_timeout + 1)   # the stalled query fails
+        network.heal()
+        holders = {n.peer_id for n in others if "k" in n.dht.local_store}
+        # the six nearest but the slow one (the storer keeps a copy if it is one)
+        replicas = sorted((n for n in nodes if n is not slow),
+                          key=lambda n: n.dht._key ^ target)[:6]
+        assert holders == {n.peer_id for n in replicas if n is not storer}, (
+            slow.peer_id in holders, others.index(slow))
+        assert storer.dht.statistics()["stores_failed"] == 0
+        await trio.sleep(config.dht.operation_timeout)
+        assert storer.dht._background_sends == 0
 
 
 async def test_a_store_quorum_must_be_positive():

@@ -9,7 +9,7 @@ from libp2p.peer.id import ID
 
 from p2pdl.dht import DHTConfig, DHTState, Record
 from p2pdl.dht._messages import FindNode, FindValue, Nodes, Store, Stored, Value
-from p2pdl.dht._state import to_wire
+from p2pdl.dht._state import StoreTally, to_wire
 from p2pdl.errors import LocalProtocolError, RemoteProtocolError, RequestError
 
 pytestmark = pytest.mark.timeout(30)
@@ -135,3 +135,23 @@ def test_run_scoped_keys_belong_to_guarded_runs_only():
     assert state.run_of_key("p2pdl/progress/run2/snap") is None
     assert state.run_of_request(FindValue("p2pdl/progress/run1/a", False, ())) == "run1"
     assert state.run_of_request(FindNode(bytes(32), False, ())) is None
+
+
+def test_a_store_returns_at_its_quorum_or_once_every_replica_answered():
+    tally = StoreTally(3)
+    tally.sent = 2                           # the two nearest confirmed so far
+    assert not tally.answer(True) and not tally.answer(False)
+    tally.sent += 2
+    assert not tally.answer(True)
+    assert tally.answer(True)                # three hold it: the quorum, lookup or not
+    few = StoreTally(5)
+    few.sent = 2
+    assert not few.answer(True) and not few.answer(True)   # the lookup may bring more
+    assert few.looked_up()                   # it brought none: all of them answered
+    none = StoreTally(5)
+    assert none.looked_up() and none.accepted == 0         # nobody to send to
+    short = StoreTally(5)
+    short.sent = 4
+    assert not short.looked_up()             # quorum 4 of the 4 replicas
+    assert [short.answer(True) for _ in range(4)] == [False, False, False, True]
+
