@@ -4,7 +4,7 @@ namespace, pinned to one core.
     python -m simulations._training_netlab_peer --mode solo|swarm --rank I --core C \
         --ip A.B.C.D [--initial-peer ADDR] --d-model D --layers L --heads H --batch B \
         --context T --lr LR --duration S --target N --epochs E [--delay-updates] \
-        [--nice N] --run-id ID --timeout S
+        [--train-mode dedloc|diloco] [--nice N] --run-id ID --timeout S
 
 The process pins itself to core ``--core`` (``os.sched_setaffinity``, before any
 thread starts, so the p2pdl node's trio thread shares that core), runs torch
@@ -22,9 +22,9 @@ parent's ``go`` it trains for ``--duration`` seconds and sends ``{"event":
 
 ``--mode swarm``: a ``p2pdl.Node`` listening on ``/ip4/<ip>/tcp/0`` (with
 ``--initial-peer`` as its initial peer) sends ``{"event": "listening",
-"addr"}`` and waits for a connection; then a ``p2pdl.Optimizer`` (DeDLOC
-mode, the given ``--target``, AdamW) reports a first count of 0 and waits
-until its progress view holds both peers: ``{"event": "ready"}``.  Each
+"addr"}`` and waits for a connection; then a ``p2pdl.Optimizer`` (mode
+``--train-mode``, DeDLOC by default; the given ``--target``, AdamW) reports
+a first count of 0 and waits until its progress view holds both peers: ``{"event": "ready"}``.  Each
 matchmaking and all-reduce call the optimizer makes is timed (``instrument``).
 After ``go``: the same loop with ``opt.step()`` until the optimizer's epoch
 reaches ``1 + --epochs`` (epoch 0 is the warm-up epoch).  Every call of
@@ -72,6 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=3,
                         help="swarm: measured epochs after the warm-up epoch")
     parser.add_argument("--delay-updates", action="store_true")
+    parser.add_argument("--train-mode", choices=("dedloc", "diloco"), default="dedloc")
     parser.add_argument("--nice", type=int, default=0,
                         help="run at this niceness, in a scheduling autogroup of its own "
                              "(see prioritize)")
@@ -217,7 +218,7 @@ def run_swarm(args: argparse.Namespace) -> None:
         calls = instrument(node)
         opt = p2pdl.Optimizer(node=node, run_id=args.run_id, optimizer=inner,
                               target_batch_size=args.target, batch_size_per_step=args.batch,
-                              delay_updates=args.delay_updates)
+                              delay_updates=args.delay_updates, mode=args.train_mode)
         try:
             train_swarm(args, node, opt, model, batches, params, calls)
         finally:

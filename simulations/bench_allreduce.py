@@ -32,8 +32,12 @@ errors are within tolerance: ``1e-5·max|x|`` for codec none,
 magnitude of the round; see _allreduce_common.py).
 
 Prints a JSON list of rows ``{system, peers, codec, numel, median_s, min_s,
-max_s, round_s, rounds, correct_rounds, max_err, tol, note}``; a system that
-cannot run gets ``median_s: null`` and its ``note`` says why.
+max_s, round_s, rounds, correct_rounds, max_err, tol, cpu_s_median,
+cpu_s_per_gib, note}``; a system that cannot run gets ``median_s: null`` and
+its ``note`` says why.  ``cpu_s_median``: the median over rounds of the CPU-seconds
+the N workers' processes spent in a round, summed (null where the workers do
+not say: hivemind's daemons run outside them); ``cpu_s_per_gib`` that over
+the GiB of float32 input the N peers averaged (``N * numel * 4`` bytes).
 
 Parent <-> worker protocol (the same for every system)
 -------------------------------------------------------
@@ -165,6 +169,10 @@ def row(system: str, peers: int, codec: str, numel: int, run: dict[str, Any] | N
         "max_err": run["max_err"] if run else None,
         "tol": run["tol"] if run else None,
     }
+    cpu = (run or {}).get("cpu_s")
+    out["cpu_s_median"] = round(statistics.median(cpu), 4) if cpu else None
+    out["cpu_s_per_gib"] = round(statistics.median(cpu) / (peers * numel * 4 / 2**30), 4) \
+        if cpu else None
     notes = [note] if note else []
     if run and run.get("failed"):
         notes.append(f"failed: {run['failed']}")

@@ -1,8 +1,9 @@
-"""Training throughput of a 2-peer DeDLOC swarm against the same peers training alone,
-in the emulated internet (p2pdl.netlab), as root.
+"""Training throughput of a 2-peer DeDLOC (or DiLoCo) swarm against the same peers
+training alone, in the emulated internet (p2pdl.netlab), as root.
 
     python simulations/bench_training.py [--duration 10] [--epochs 3] [--scale 1]
-        [--model bench|tiny] [--link-mbit 100] [--no-delayed] [--delayed-epochs 2]
+        [--model bench|tiny] [--link-mbit 100] [--train-mode dedloc|diloco]
+        [--no-delayed] [--delayed-epochs 2]
         [--no-bracket] [--nice -10] [--timeout 420] [--keep-logs] [--json-only]
 
 Topology: two public hosts, ``peer0`` and ``peer1``, on the lab's internet, each
@@ -52,6 +53,11 @@ Method.
 4. **swarm, delay_updates=True** (unless ``--no-delayed``): as 2, for
    ``--delayed-epochs`` epochs, with the averaging in the node's thread while
    the next batches compute; ``efficiency_delayed``.
+
+``--train-mode diloco`` runs both swarms in DiLoCo mode (an epoch's batches
+are AdamW inner steps, the round averages the outer delta); with delayed
+updates the inner steps go on while the outer round runs.  ``train_mode``
+in the output says which.
 
 ``efficiency`` = swarm_samples_s / solo_samples_s_sum (goal: >= 0.9);
 ``efficiency_vs_fwd_bwd`` divides by the solo rate of forward + backward
@@ -202,7 +208,7 @@ def worker_argv(args: argparse.Namespace, mode: str, rank: int, host: Any,
             "--heads", str(m["heads"]), "--context", str(m["context"]),
             "--batch", str(m["batch"]), "--duration", str(args.duration),
             "--target", str(args.target), "--epochs", str(epochs or args.epochs),
-            "--nice", str(args.nice),
+            "--nice", str(args.nice), "--train-mode", args.train_mode,
             "--run-id", f"bench-training-{os.getpid()}-{mode}-{int(delay_updates)}",
             "--timeout", f"{max(1.0, deadline - time.time()):.0f}"]
     if initial_peer:
@@ -429,6 +435,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "swarm_samples_s": None, "solo_samples_s_sum": None,
                            "efficiency": None}
     out["plan"] = plan(args)
+    out["train_mode"] = args.train_mode
     log_dir = Path(tempfile.mkdtemp(prefix="p2pdl-bench-training-"))
     log(args.json_only, f"{out['plan']['parameters']} parameters, vector "
                         f"{out['plan']['vector_bytes']} B, target {args.target}, logs in {log_dir}")
@@ -543,6 +550,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "tiny: the example's default model, batch 16 (446k)")
     parser.add_argument("--link-mbit", type=float, default=100.0,
                         help="each host's cap, both ways (default 100 Mbit/s)")
+    parser.add_argument("--train-mode", choices=("dedloc", "diloco"), default="dedloc",
+                        help="the optimizer's mode in both swarm runs (default dedloc)")
     parser.add_argument("--no-delayed", dest="delayed", action="store_false",
                         help="skip the delay_updates=True run")
     parser.add_argument("--delayed-epochs", type=int, default=2,

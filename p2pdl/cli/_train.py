@@ -161,7 +161,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "diloco: local steps, then average the parameter deltas")
     p.add_argument("--delay-updates", action="store_true",
                    help="average in the background while the next batches compute; the "
-                        "result is applied one step late (dedloc only)")
+                        "result is applied one step late (diloco: the inner steps taken "
+                        "meanwhile are kept)")
     p.add_argument("--matchmaking-time", type=positive_float, default=None, metavar="SECONDS",
                    help="longest wait to form an averaging group (default: the node's, 15 s)")
     p.add_argument("--discovery-time", type=non_negative_float, default=None, metavar="SECONDS",

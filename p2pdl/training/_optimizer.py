@@ -24,7 +24,8 @@ the others stepped that epoch without it (rather than a local step that
 would drift apart); state is checkpointed atomically every N epochs and a
 restart resumes from the newest of checkpoint and swarm; with
 ``delay_updates`` the averaging runs in the node's thread while the next
-batches compute, and its result is applied one step late.
+batches compute, and its result is applied one step late (DiLoCo: the inner
+steps taken meanwhile are carried over to the new anchor).
 
 This module is the facade: it decides when to do what, and three parts it
 owns do it -- ``strategy`` (the mode: ``_strategies``), ``rounds`` (starting,
@@ -383,6 +384,10 @@ class Optimizer(torch.optim.Optimizer):
         alone = self.rounds.alone(progress)   # no other trainer
         if alone and self.rounds.discovering():
             return False
+        if self.config.delay_updates and self.config.mode == "diloco":
+            # The last outer step first: the delta is taken from the anchor it
+            # moves, and the parameters it carries over.
+            self._finish_pending(block=True)
         sent = self.strategy.round_tensors(samples)
         clip_total_norm(sent, self.config.clip_sent_norm)
         sent += [b.detach().to(torch.float32, copy=b.device.type == "cpu")

@@ -132,10 +132,13 @@ class StateKeeper:
     def full_state(self) -> dict[str, Any]:
         """The state as shared and checkpointed: its tensors on the CPU (the
         live ones where they are there already, copies of the others); the
-        model's buffers under ``"buffers"`` where it has them."""
+        model's buffers under ``"buffers"`` where it has them.  The parameters
+        are the strategy's shared ones (DiLoCo with delayed updates: the anchor;
+        the inner steps since are this peer's own)."""
+        shared = self.strategy.shared_params()
         state = {
             "format": STATE_FORMAT, "epoch": self.epoch, "mode": self.config.mode,
-            "params": [p.detach() for p in self.params],
+            "params": [p.detach() for p in (self.params if shared is None else shared)],
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "diloco": self.strategy.extra_state()}

@@ -11,6 +11,8 @@ and what it adds to the shared state.  Neither touches the network: the
 * DiLoCo: each batch is a local (inner) step; a round averages the parameter
   deltas since the last outer step, ``anchor - params``, and an outer
   Nesterov-momentum SGD step moves the anchor, where every peer goes on from.
+  With ``delayed`` the inner steps go on while the round runs, and the outer
+  step, once the round ends, moves them along with the anchor.
 """
 
 from __future__ import annotations
@@ -62,6 +64,10 @@ class Strategy(Protocol):
 
     def load_extra_state(self, entry: Any) -> None:
         """Take ``entry``, already checked with :meth:`check_extra_state`."""
+        ...
+
+    def shared_params(self) -> list[torch.Tensor] | None:
+        """The parameters the shared state holds (None: the live ones)."""
         ...
 
 
@@ -162,6 +168,10 @@ class DeDLOCStrategy:
     def load_extra_state(self, entry: Any) -> None:
         """Nothing to load."""
 
+    def shared_params(self) -> None:
+        """The live parameters: they are the shared ones after every global step."""
+        return None
+
 
 class DiLoCoStrategy:
     """Local inner steps; an outer Nesterov SGD step on the mean parameter delta per epoch.
@@ -170,11 +180,22 @@ class DiLoCoStrategy:
     the outer momentum; both travel with the state (``{"anchor", "momentum"}``).
     The outer step: ``m = mu*m + d; anchor -= lr*(d + mu*m)``, then every
     parameter goes back to the anchor.
+
+    ``delayed`` (``delay_updates``): the round of an epoch runs while the
+    next epoch's inner steps go on from where this peer's parameters are
+    (the **base**, kept when the delta is taken).  The outer step, once the
+    round ends, moves the anchor as above and carries the inner steps taken
+    since over to it: ``params = anchor + (params - base)``.  The next delta,
+    ``anchor - params``, then holds every inner step since the base.  Every
+    peer's anchor and momentum stay identical (they follow the averaged
+    deltas alone); the shared state holds the anchor as its parameters.
+    Costs one more copy of the parameters (the base) while a round runs.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], *,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9,
-                 clip_grad_norm: float | None = None, on_failure: str = "local") -> None:
+                 clip_grad_norm: float | None = None, on_failure: str = "local",
+                 delayed: bool = False) -> None:
         _check_on_failure(on_failure)
         self._optimizer = optimizer
         self._params = list(params)
@@ -182,8 +203,11 @@ class DiLoCoStrategy:
         self._outer_momentum = outer_momentum
         self._clip_grad_norm = clip_grad_norm
         self._on_failure = on_failure
+        self.delayed = delayed
         self.anchor = [p.detach().clone() for p in self._params]
         self.momentum = [torch.zeros_like(p) for p in self._params]
+        #: The parameters when the last delta was taken (``delayed`` only).
+        self.base: list[torch.Tensor] | None = None
 
     def on_batch(self, samples: int) -> None:
         """One inner step (clipped); the samples only count towards the epoch."""
@@ -194,7 +218,15 @@ class DiLoCoStrategy:
         """Nothing: the delta is read from the parameters."""
 
     def round_tensors(self, samples: int) -> list[torch.Tensor]:
-        """The delta since the last outer step, ``anchor - params`` (float32)."""
+        """The delta since the last outer step, ``anchor - params`` (float32);
+        ``delayed``: the parameters now become the base."""
+        if self.delayed:
+            with torch.no_grad():
+                if self.base is None:
+                    self.base = [p.detach().clone() for p in self._params]
+                else:
+                    for b, p in zip(self.base, self._params, strict=True):
+                        b.copy_(p.detach())
         return [a - p.detach().to(torch.float32)
                 for a, p in zip(self.anchor, self._params, strict=True)]
 
@@ -204,17 +236,27 @@ class DiLoCoStrategy:
         return sent if self._on_failure == "local" else None
 
     def apply(self, averaged: list[torch.Tensor] | None) -> None:
-        """The outer step with the mean delta (None: back to the anchor unchanged)."""
+        """The outer step with the mean delta (None: the anchor unchanged); the
+        parameters go back to the anchor, or (``delayed``) to the anchor plus
+        the inner steps taken since the base."""
         mu, lr = self._outer_momentum, self._outer_lr
         with torch.no_grad():
-            deltas = averaged if averaged is not None else self._params
-            for p, anchor, momentum, d in zip(self._params, self.anchor, self.momentum, deltas,
-                                              strict=True):
+            for i, (p, anchor, momentum) in enumerate(zip(self._params, self.anchor,
+                                                          self.momentum, strict=True)):
                 if averaged is not None:
-                    d = to_device(d, anchor)
+                    d = to_device(averaged[i], anchor)
                     momentum.mul_(mu).add_(d)
                     anchor.sub_(d + mu * momentum, alpha=lr)
-                p.copy_(anchor)
+                if self.base is not None:
+                    p.sub_(self.base[i]).add_(anchor)
+                else:
+                    p.copy_(anchor)
+
+    def shared_params(self) -> list[torch.Tensor] | None:
+        """``delayed``: the anchor (the live parameters hold this peer's inner
+        steps since the base); else the live ones, which are the anchor after
+        every outer step."""
+        return list(self.anchor) if self.delayed else None
 
     def extra_state(self) -> dict[str, list[torch.Tensor]]:
         return {"anchor": list(self.anchor), "momentum": list(self.momentum)}
@@ -226,11 +268,14 @@ class DiLoCoStrategy:
         check_like(entry.get("momentum"), self.momentum, "DiLoCo momentum")
 
     def load_extra_state(self, entry: Any) -> None:
+        """Take the anchor and momentum; the inner steps since the base are dropped
+        (the parameters were loaded, and a round in flight is dropped with them)."""
         with torch.no_grad():
             for a, value in zip(self.anchor, entry["anchor"], strict=True):
                 a.copy_(value)
             for m, value in zip(self.momentum, entry["momentum"], strict=True):
                 m.copy_(value)
+        self.base = None
 
 
 #: ``OptimizerConfig.sent_momentum`` that takes over the wrapped optimizer's momentum.
@@ -277,7 +322,8 @@ def make_strategy(config: OptimizerConfig, optimizer: torch.optim.Optimizer,
     if config.mode == "diloco":
         return DiLoCoStrategy(optimizer, params, outer_lr=config.outer_lr,
                               outer_momentum=config.outer_momentum,
-                              clip_grad_norm=config.clip_grad_norm, on_failure=config.on_failure)
+                              clip_grad_norm=config.clip_grad_norm, on_failure=config.on_failure,
+                              delayed=config.delay_updates)
     return DeDLOCStrategy(optimizer, params, clip_grad_norm=config.clip_grad_norm,
                           on_failure=config.on_failure, sent_momentum=config.sent_momentum)
 

@@ -64,7 +64,13 @@ class OptimizerConfig:
             checkpoints, and starts at zero after a restart.  DiLoCo mode
             ignores ``"auto"`` (it has its outer momentum).
         delay_updates: average in the background while the next batches
-            compute and apply the result one step late (DeDLOC mode only).
+            compute and apply the result one step late.  DeDLOC mode: the
+            averaged gradients step the parameters in the first ``step()``
+            after the round ends.  DiLoCo mode: the inner steps go on from
+            this peer's parameters while the outer delta is averaged; the
+            outer step, once the round ends, moves the anchor and carries the
+            inner steps taken since over to it (one more copy of the
+            parameters while a round runs).
         error_feedback: add to what this peer sends in a round what the
             all-reduce's codecs rounded off its values in the last one (its
             gradients, momentum or DiLoCo delta), so that over rounds the
@@ -177,8 +183,6 @@ class OptimizerConfig:
         if self.error_feedback != "auto" and not isinstance(self.error_feedback, bool):
             raise ConfigError(f"error_feedback must be True, False or 'auto', "
                               f"got {self.error_feedback!r}")
-        if self.delay_updates and self.mode == "diloco":
-            raise ConfigError("delay_updates applies to mode='dedloc' only")
         if self.target_group_size is not None:
             check_int("target_group_size", self.target_group_size, 2, 2**16)
         if self.allreduce is not None and not isinstance(self.allreduce, AllReduceConfig):

@@ -28,3 +28,8 @@ def test_p2pdl_and_gloo_at_a_tiny_size():
         assert isinstance(row["median_s"], float) and row["median_s"] > 0, row
         assert row["rounds"] == 1 and row["correct_rounds"] == 1, row
         assert row["max_err"] <= row["tol"], row
+        if row["system"] == "p2pdl":   # its workers measure their CPU time
+            assert row["cpu_s_median"] > 0 and row["cpu_s_per_gib"] == pytest.approx(
+                row["cpu_s_median"] / (2 * 100_000 * 4 / 2**30), rel=0.01), row
+        else:
+            assert row["cpu_s_median"] is None and row["cpu_s_per_gib"] is None, row

@@ -43,6 +43,7 @@ def test_bench_training_prints_its_json():
         assert key in report, key
     assert "error" not in report, report.get("error")
     assert report["peers"] == 2 and report["link_mbit_s"] == 100
+    assert report["train_mode"] == "dedloc"
     assert report["target_batch_size"] == 64 and report["epochs"] == 1
     assert report["efficiency"] > 0 and report["swarm_samples_s"] > 0
     assert report["solo_samples_s_sum"] > 0

@@ -153,6 +153,31 @@ def test_diloco_converges_on_the_example(task):
     assert task.validation_loss(models[0]) < start_loss - 0.3
 
 
+def test_delayed_diloco_overlaps_rounds_with_inner_steps_converges_and_stays_identical(task):
+    """``delay_updates`` in DiLoCo mode: every outer round runs while the next
+    inner steps compute; the anchors stay bit-identical, and once the last
+    round is applied (``close``) so do the parameters."""
+    models = [task.build_model() for _ in range(2)]
+    start_loss = task.validation_loss(models[0])
+    with swarm(2) as nodes:
+        opts = [make_opt(n, m, "diloco-delayed", target=160, mode="diloco",
+                         delay_updates=True) for n, m in zip(nodes, models, strict=True)]
+        try:
+            in_threads(*(lambda i=i: train(opts[i], models[i], task.batches(i), epochs=5)
+                         for i in range(2)))
+            for o in opts:
+                o.close()   # applies the last round
+            stats = [o.statistics() for o in opts]
+        finally:
+            for o in opts:
+                o.close()
+    assert all(torch.equal(a, b) for a, b in zip(opts[0].strategy.anchor,
+                                                 opts[1].strategy.anchor, strict=True))
+    assert torch.equal(flat(models[0]), flat(models[1]))
+    assert all(s["averaged"] >= 4 and s["failed"] == 0 for s in stats), stats
+    assert task.validation_loss(models[0]) < start_loss - 0.3
+
+
 @pytest.mark.parametrize("codec", ["uint4", "topk", "qtopk"])
 def test_diloco_with_a_lossy_codec_and_error_feedback_converges_and_stays_identical(
         task, codec):
@@ -351,8 +376,6 @@ def test_bad_arguments_are_config_errors(task):
     model = task.build_model()
     with pytest.raises(ConfigError, match="mode"):
         OptimizerConfig(mode="sgd")
-    with pytest.raises(ConfigError, match="delay_updates"):
-        OptimizerConfig(mode="diloco", delay_updates=True)
     with pytest.raises(ConfigError, match="node"):
         Optimizer(node=object(), run_id="x", optimizer=torch.optim.SGD(model.parameters(), 0.1),
                   target_batch_size=8)
@@ -640,6 +663,35 @@ def test_a_delayed_round_is_announced_once_its_group_formed_and_applied_a_step_l
     assert opt.step()
     assert torch.allclose(model.weight, torch.tensor([[0.0, 1.0]]))
     assert opt.last_round.outcome == "averaged" and node.tracker.reported[-1] == (8, 1)
+    opt.close()
+
+
+def test_a_delayed_diloco_round_runs_while_inner_steps_go_on_and_its_outer_step_keeps_them():
+    node = FakeNode()
+    node.tracker.view = [fake_progress(0, ready=True)]
+    opt, model = offline(node, delay_updates=True, mode="diloco", outer_lr=1.0,
+                         outer_momentum=0.0)
+    model.weight.grad = torch.tensor([[1.0, 1.0]])
+    assert not opt.step()   # inner step to [0.5, 1.5]; the round runs in the background
+    assert opt.local_epoch == 1 and opt.rounds.matching()
+    assert torch.allclose(model.weight, torch.tensor([[0.5, 1.5]]))   # not back to the anchor
+    call = node.allreduce.calls[0]
+    assert torch.allclose(call["tensors"][0], torch.tensor([[0.5, 0.5]]))
+    model.weight.grad = torch.tensor([[1.0, 1.0]])
+    assert not opt.step()   # another inner step meanwhile: [0.0, 1.0]
+    call["on_group"](object())
+    opt.rounds.pending.future.set_result(SimpleNamespace(
+        completed=True, tensors=[torch.tensor([[0.25, 0.75]])],
+        group=group(2), excluded=()))
+    node.tracker.view = [fake_progress(1)]
+    model.weight.grad = torch.tensor([[1.0, 1.0]])
+    assert opt.step()   # inner step to [-0.5, 0.5], then the outer step
+    anchor = torch.tensor([[0.75, 1.25]])
+    assert torch.allclose(opt.strategy.anchor[0], anchor)
+    # the two inner steps since the delta was taken, carried over to the anchor
+    assert torch.allclose(model.weight, anchor - 1.0)
+    shared = opt.state_keeper.full_state()["params"][0]
+    assert torch.equal(shared, opt.strategy.anchor[0])
     opt.close()
 
 

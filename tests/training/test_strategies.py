@@ -200,6 +200,47 @@ def test_diloco_state_holds_anchor_and_momentum_and_loads_them_back():
     assert torch.equal(other.momentum[0], strategy.momentum[0])
 
 
+def test_delayed_diloco_carries_the_inner_steps_since_the_delta_over_to_the_new_anchor():
+    """``delayed``: the round's delta is taken at the base, the inner steps go
+    on, and the outer step moves them along: params = anchor + (params - base)."""
+    model = linear([1.0, 2.0])
+    strategy, _ = diloco(model, lr=0.5, outer_lr=1.0, outer_momentum=0.0, delayed=True)
+    assert strategy.shared_params() is not None
+    model.weight.grad = torch.tensor([[1.0, -1.0]])
+    strategy.on_batch(1)   # params [0.5, 2.5]
+    (sent,) = strategy.round_tensors(1)
+    assert torch.allclose(sent, torch.tensor([[0.5, -0.5]]))
+    assert torch.equal(strategy.base[0], torch.tensor([[0.5, 2.5]]))
+    model.weight.grad = torch.tensor([[2.0, 2.0]])
+    strategy.on_batch(1)   # while the round runs: params [-0.5, 1.5]
+    strategy.apply([torch.tensor([[0.25, -0.25]])])   # the others' mean delta
+    assert torch.allclose(strategy.anchor[0], torch.tensor([[0.75, 2.25]]))
+    # the inner step taken meanwhile (-1, -1) is kept, on top of the new anchor
+    assert torch.allclose(model.weight, torch.tensor([[-0.25, 1.25]]))
+    assert torch.equal(strategy.shared_params()[0], strategy.anchor[0])
+    (delta,) = strategy.round_tensors(1)   # the next delta: every inner step since
+    assert torch.allclose(delta, torch.tensor([[1.0, 1.0]]))
+    model.weight.grad = torch.tensor([[1.0, 1.0]])
+    strategy.on_batch(1)   # while that round runs: params [-0.75, 0.75]
+    strategy.apply(None)   # it is skipped: the anchor stays, and only the step since the base
+    assert torch.allclose(model.weight, torch.tensor([[0.25, 1.75]]))
+
+
+def test_delayed_diloco_without_steps_meanwhile_lands_on_the_anchor_and_a_load_drops_the_base():
+    model = linear([1.0, 2.0])
+    strategy, _ = diloco(model, lr=0.5, outer_lr=0.7, outer_momentum=0.9, delayed=True)
+    model.weight.grad = torch.tensor([[1.0, -1.0]])
+    strategy.on_batch(1)
+    strategy.apply(strategy.round_tensors(1))   # as a round run at once (alone) does
+    assert torch.equal(model.weight.detach(), strategy.anchor[0])
+    other, _ = diloco(linear([9.0, 9.0]), delayed=True)
+    other.round_tensors(1)
+    other.load_extra_state(strategy.extra_state())
+    assert other.base is None
+    other.apply(None)
+    assert torch.equal(other._params[0].detach(), strategy.anchor[0])
+
+
 @pytest.mark.parametrize("entry, match", [
     (None, "no DiLoCo outer state"),
     ({"anchor": [torch.zeros(1, 2)]}, "DiLoCo momentum"),
