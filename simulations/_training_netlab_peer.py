@@ -4,7 +4,7 @@ namespace, pinned to one core.
     python -m simulations._training_netlab_peer --mode solo|swarm --rank I --core C \
         --ip A.B.C.D [--initial-peer ADDR] --d-model D --layers L --heads H --batch B \
         --context T --lr LR --duration S --target N --epochs E [--delay-updates] \
-        [--train-mode dedloc|diloco] [--nice N] --run-id ID --timeout S
+        [--train-mode dedloc|diloco] [--fragments N] [--nice N] --run-id ID --timeout S
 
 The process pins itself to core ``--core`` (``os.sched_setaffinity``, before any
 thread starts, so the p2pdl node's trio thread shares that core), runs torch
@@ -73,6 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="swarm: measured epochs after the warm-up epoch")
     parser.add_argument("--delay-updates", action="store_true")
     parser.add_argument("--train-mode", choices=("dedloc", "diloco"), default="dedloc")
+    parser.add_argument("--fragments", type=int, default=1)
     parser.add_argument("--nice", type=int, default=0,
                         help="run at this niceness, in a scheduling autogroup of its own "
                              "(see prioritize)")
@@ -218,7 +219,8 @@ def run_swarm(args: argparse.Namespace) -> None:
         calls = instrument(node)
         opt = p2pdl.Optimizer(node=node, run_id=args.run_id, optimizer=inner,
                               target_batch_size=args.target, batch_size_per_step=args.batch,
-                              delay_updates=args.delay_updates, mode=args.train_mode)
+                              delay_updates=args.delay_updates, mode=args.train_mode,
+                              fragments=args.fragments)
         try:
             train_swarm(args, node, opt, model, batches, params, calls)
         finally:

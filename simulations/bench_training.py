@@ -3,7 +3,7 @@ training alone, in the emulated internet (p2pdl.netlab), as root.
 
     python simulations/bench_training.py [--duration 10] [--epochs 3] [--scale 1]
         [--model bench|tiny] [--link-mbit 100] [--train-mode dedloc|diloco]
-        [--no-delayed] [--delayed-epochs 2]
+        [--fragments 1] [--no-delayed] [--delayed-epochs 2]
         [--no-bracket] [--nice -10] [--timeout 420] [--keep-logs] [--json-only]
 
 Topology: two public hosts, ``peer0`` and ``peer1``, on the lab's internet, each
@@ -56,8 +56,9 @@ Method.
 
 ``--train-mode diloco`` runs both swarms in DiLoCo mode (an epoch's batches
 are AdamW inner steps, the round averages the outer delta); with delayed
-updates the inner steps go on while the outer round runs.  ``train_mode``
-in the output says which.
+updates the inner steps go on while the outer round runs; ``--fragments N``
+averages one of N fragments of the parameters per epoch (DiLoCo only).
+``train_mode`` and ``fragments`` in the output say which.
 
 ``efficiency`` = swarm_samples_s / solo_samples_s_sum (goal: >= 0.9);
 ``efficiency_vs_fwd_bwd`` divides by the solo rate of forward + backward
@@ -209,6 +210,7 @@ def worker_argv(args: argparse.Namespace, mode: str, rank: int, host: Any,
             "--batch", str(m["batch"]), "--duration", str(args.duration),
             "--target", str(args.target), "--epochs", str(epochs or args.epochs),
             "--nice", str(args.nice), "--train-mode", args.train_mode,
+            "--fragments", str(args.fragments),
             "--run-id", f"bench-training-{os.getpid()}-{mode}-{int(delay_updates)}",
             "--timeout", f"{max(1.0, deadline - time.time()):.0f}"]
     if initial_peer:
@@ -436,6 +438,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            "efficiency": None}
     out["plan"] = plan(args)
     out["train_mode"] = args.train_mode
+    out["fragments"] = args.fragments
     log_dir = Path(tempfile.mkdtemp(prefix="p2pdl-bench-training-"))
     log(args.json_only, f"{out['plan']['parameters']} parameters, vector "
                         f"{out['plan']['vector_bytes']} B, target {args.target}, logs in {log_dir}")
@@ -552,6 +555,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="each host's cap, both ways (default 100 Mbit/s)")
     parser.add_argument("--train-mode", choices=("dedloc", "diloco"), default="dedloc",
                         help="the optimizer's mode in both swarm runs (default dedloc)")
+    parser.add_argument("--fragments", type=int, default=1,
+                        help="DiLoCo: average one of N fragments per epoch (default 1)")
     parser.add_argument("--no-delayed", dest="delayed", action="store_false",
                         help="skip the delay_updates=True run")
     parser.add_argument("--delayed-epochs", type=int, default=2,
@@ -582,9 +587,12 @@ def unavailable() -> str | None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.duration <= 0 or args.epochs < 1 or args.delayed_epochs < 1 or args.scale <= 0 \
-            or args.timeout <= 0 or args.link_mbit <= 0:
-        print("--duration, --epochs, --delayed-epochs, --scale, --timeout and --link-mbit "
-              "must be positive", file=sys.stderr)
+            or args.timeout <= 0 or args.link_mbit <= 0 or args.fragments < 1:
+        print("--duration, --epochs, --delayed-epochs, --scale, --timeout, --link-mbit and "
+              "--fragments must be positive", file=sys.stderr)
+        return 2
+    if args.fragments > 1 and args.train_mode != "diloco":
+        print("--fragments needs --train-mode diloco", file=sys.stderr)
         return 2
     args.model_config = MODELS[args.model]
     args.target = max(2 * args.model_config["batch"],

@@ -124,7 +124,7 @@ def test_train_help_lists_the_flags():
                  "--client-mode", "--auxiliary", "--mode", "--delay-updates", "--peer-index",
                  "--max-epochs", "--duration", "--threads", "--bandwidth", "--eval-every",
                  "--json-lines", "--checkpoint-dir", "--matchmaking-time", "--aggregator",
-                 "--tau", "--clip-sent-norm", "--metrics", "--codec"):
+                 "--tau", "--clip-sent-norm", "--metrics", "--codec", "--fragments"):
         assert flag in result.stdout
 
 
@@ -150,6 +150,7 @@ def test_help_lists_train_and_demo():
     (["--aggregator", "krum"], "invalid choice"),
     (["--codec", "zstd"], "invalid choice"),
     (["--tau", "0"], "--tau: must be a positive number"),
+    (["--fragments", "0"], "--fragments: must be a positive integer"),
     (["--tau", "automatic"], "--tau: must be a positive number or 'auto'"),
     (["--name", "bell\x07"], "--name: name is not 1 to 64 printable characters"),
 ])
@@ -166,6 +167,7 @@ def test_bad_flags_are_usage_errors(args, message, capsys):
     (["--initial-peers", "localhost:4001", "--duration", "1"], "is not a multiaddr"),
     (["--run-id", "x" * 200, "--duration", "1"], "run_id must be"),
     (["--resume-from", "/nonexistent/copies", "--duration", "1"], "no intact checkpoint"),
+    (["--fragments", "2", "--duration", "1"], "fragments applies to mode='diloco' only"),
 ])
 def test_bad_input_is_a_one_line_error(args, message):
     result = run_p2pdl("train", *LOOPBACK, *args)

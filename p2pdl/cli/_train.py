@@ -163,6 +163,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="average in the background while the next batches compute; the "
                         "result is applied one step late (diloco: the inner steps taken "
                         "meanwhile are kept)")
+    p.add_argument("--fragments", type=positive_int, default=1, metavar="N",
+                   help="diloco: average one of N fragments of the parameters per epoch, in "
+                        "turn (Streaming DiLoCo; default 1: all of them)")
     p.add_argument("--matchmaking-time", type=positive_float, default=None, metavar="SECONDS",
                    help="longest wait to form an averaging group (default: the node's, 15 s)")
     p.add_argument("--discovery-time", type=non_negative_float, default=None, metavar="SECONDS",
@@ -414,6 +417,8 @@ def _run(args: argparse.Namespace, interrupts: _Interrupts) -> int:
         options: dict[str, Any] = {"mode": args.mode, "delay_updates": args.delay_updates,
                                    "auxiliary": args.auxiliary,
                                    "checkpoint_every": args.checkpoint_every}
+        if args.fragments != 1:
+            options["fragments"] = args.fragments
         if args.auxiliary:
             options["ready_timeout"] = AUX_READY_TIMEOUT
         if args.matchmaking_time is not None:

@@ -388,7 +388,7 @@ class Optimizer(torch.optim.Optimizer):
             # The last outer step first: the delta is taken from the anchor it
             # moves, and the parameters it carries over.
             self._finish_pending(block=True)
-        sent = self.strategy.round_tensors(samples)
+        sent = self.strategy.round_tensors(samples, epoch)
         clip_total_norm(sent, self.config.clip_sent_norm)
         sent += [b.detach().to(torch.float32, copy=b.device.type == "cpu")
                  for b in self._buffers]

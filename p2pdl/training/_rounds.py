@@ -68,20 +68,31 @@ class ErrorFeedback:
     off them (``AllReduceResult.sent_error``), or None where the values sent
     were applied as they are or dropped (a step alone, a failed round).
     Summed over rounds, the values the reducers decoded plus the residual
-    are the values given, up to float32 rounding."""
+    are the values given, up to float32 rounding.
+
+    ``key`` keeps one residual per kind of round (DiLoCo's fragments: the
+    residual of a fragment goes to that fragment's next round)."""
 
     def __init__(self) -> None:
-        self.residual: list[torch.Tensor] | None = None
+        self._residuals: dict[int, list[torch.Tensor]] = {}
 
-    def compensate(self, values: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        residual = self.residual
+    @property
+    def residual(self) -> list[torch.Tensor] | None:
+        """The residual of key 0 (None: none)."""
+        return self._residuals.get(0)
+
+    def compensate(self, values: Sequence[torch.Tensor], key: int = 0) -> list[torch.Tensor]:
+        residual = self._residuals.get(key)
         if residual is None or len(residual) != len(values) or any(
                 r.shape != v.shape for r, v in zip(residual, values, strict=True)):
             return list(values)
         return [v + r.to(v.dtype) for v, r in zip(values, residual, strict=True)]
 
-    def keep(self, errors: Sequence[torch.Tensor] | None) -> None:
-        self.residual = None if errors is None else list(errors)
+    def keep(self, errors: Sequence[torch.Tensor] | None, key: int = 0) -> None:
+        if errors is None:
+            self._residuals.pop(key, None)
+        else:
+            self._residuals[key] = list(errors)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,7 +253,7 @@ class Rounds:
         """Count, log and remember how the round ended."""
         result = self._judge(epoch, sent, samples, outcome, seconds)
         if self.feedback is not None:
-            self.feedback.keep(getattr(outcome, "sent_error", None))
+            self.feedback.keep(getattr(outcome, "sent_error", None), self._key(epoch))
         self.history.append(result.info)
         return result
 
@@ -283,7 +294,7 @@ class Rounds:
         """One round, waited for (``alone``: none; this peer's own values are the average)."""
         start = time.monotonic()
         self._counters["rounds"] += 1
-        sent = self._compensate(sent)
+        sent = self._compensate(sent, epoch)
         if alone:
             logger.info("run %s epoch %d: no other peer for %.0f s; stepping alone",
                         self.run_id, epoch, time.monotonic() - self._seen_others)
@@ -291,7 +302,7 @@ class Rounds:
             info = RoundInfo(epoch, "alone", 1, samples, 0.0)
             self.history.append(info)
             if self.feedback is not None:
-                self.feedback.keep(None)   # applied as it is
+                self.feedback.keep(None, self._key(epoch))   # applied as it is
             return RoundResult(info, sent, sent)
         outcome = self.wait(self.start(epoch, sent, samples))
         return self.judge(epoch, sent, samples, outcome, time.monotonic() - start)
@@ -301,14 +312,20 @@ class Rounds:
     def start_background(self, epoch: int, sent: list[torch.Tensor], samples: int) -> None:
         """Start a round and return at once; :meth:`finish` picks up its result."""
         self._counters["rounds"] += 1
-        sent = self._compensate(sent)
+        sent = self._compensate(sent, epoch)
         grouped = threading.Event()
         future = self.start(epoch, sent, samples, grouped=grouped)
         self.pending = PendingRound(future, epoch, sent, samples, time.monotonic(), grouped)
 
-    def _compensate(self, sent: list[torch.Tensor]) -> list[torch.Tensor]:
-        """``sent`` with the last round's rounding added (error feedback), as new tensors."""
-        return sent if self.feedback is None else self.feedback.compensate(sent)
+    def _compensate(self, sent: list[torch.Tensor], epoch: int) -> list[torch.Tensor]:
+        """``sent`` with the rounding of the last round of its kind added (error
+        feedback), as new tensors."""
+        return sent if self.feedback is None else self.feedback.compensate(sent,
+                                                                           self._key(epoch))
+
+    def _key(self, epoch: int) -> int:
+        """The error feedback's key of the round of ``epoch``: its DiLoCo fragment."""
+        return epoch % self.config.fragments
 
     def matching(self) -> bool:
         """Whether a background round is still in matchmaking."""

@@ -28,7 +28,7 @@ from ._devices import to_device
 from .config import ON_FAILURE, OptimizerConfig
 
 __all__ = ["Strategy", "DeDLOCStrategy", "DiLoCoStrategy", "make_strategy", "check_like",
-           "AUTO_MOMENTUM", "take_over_momentum"]
+           "AUTO_MOMENTUM", "take_over_momentum", "split_fragments"]
 
 
 class Strategy(Protocol):
@@ -42,8 +42,9 @@ class Strategy(Protocol):
         """Forget what was gathered towards the current epoch."""
         ...
 
-    def round_tensors(self, samples: int) -> list[torch.Tensor]:
-        """What this peer averages, ``samples`` having been counted since the last reset."""
+    def round_tensors(self, samples: int, epoch: int = 0) -> list[torch.Tensor]:
+        """What this peer averages in the round of ``epoch``, ``samples``
+        having been counted since the last reset."""
         ...
 
     def on_failure(self, sent: list[torch.Tensor]) -> list[torch.Tensor] | None:
@@ -114,7 +115,7 @@ class DeDLOCStrategy:
             for acc in self.accumulators:
                 acc.zero_()
 
-    def round_tensors(self, samples: int) -> list[torch.Tensor]:
+    def round_tensors(self, samples: int, epoch: int = 0) -> list[torch.Tensor]:
         """The mean gradients (zeros before any sample); with ``sent_momentum``
         ``beta``, this peer's momentum ``m = beta * m + mean`` instead."""
         if self.accumulators is None or samples == 0:
@@ -181,21 +182,30 @@ class DiLoCoStrategy:
     The outer step: ``m = mu*m + d; anchor -= lr*(d + mu*m)``, then every
     parameter goes back to the anchor.
 
+    ``fragments`` (Streaming DiLoCo): the parameter tensors fall into that
+    many fragments of about equal size (:func:`split_fragments`); the round
+    of epoch ``e`` averages fragment ``e % fragments`` alone, and its outer
+    step moves that fragment's anchor, momentum and parameters; the others
+    go on with their inner steps.
+
     ``delayed`` (``delay_updates``): the round of an epoch runs while the
     next epoch's inner steps go on from where this peer's parameters are
     (the **base**, kept when the delta is taken).  The outer step, once the
     round ends, moves the anchor as above and carries the inner steps taken
     since over to it: ``params = anchor + (params - base)``.  The next delta,
-    ``anchor - params``, then holds every inner step since the base.  Every
-    peer's anchor and momentum stay identical (they follow the averaged
-    deltas alone); the shared state holds the anchor as its parameters.
-    Costs one more copy of the parameters (the base) while a round runs.
+    ``anchor - params``, then holds every inner step since the base.  Costs
+    one more copy of the round's parameters (the base) while a round runs.
+
+    Every peer's anchor and momentum stay identical (they follow the
+    averaged deltas alone).  With ``delayed`` or several fragments the live
+    parameters hold this peer's own inner steps after an outer step, and the
+    shared state holds the anchor as its parameters (:meth:`shared_params`).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], *,
                  outer_lr: float = 0.7, outer_momentum: float = 0.9,
                  clip_grad_norm: float | None = None, on_failure: str = "local",
-                 delayed: bool = False) -> None:
+                 delayed: bool = False, fragments: int = 1) -> None:
         _check_on_failure(on_failure)
         self._optimizer = optimizer
         self._params = list(params)
@@ -204,10 +214,13 @@ class DiLoCoStrategy:
         self._clip_grad_norm = clip_grad_norm
         self._on_failure = on_failure
         self.delayed = delayed
+        #: The tensors (indices into the parameters) of each fragment.
+        self.fragments = split_fragments([p.numel() for p in self._params], fragments)
         self.anchor = [p.detach().clone() for p in self._params]
         self.momentum = [torch.zeros_like(p) for p in self._params]
-        #: The parameters when the last delta was taken (``delayed`` only).
-        self.base: list[torch.Tensor] | None = None
+        #: The parameters (by index) when the last delta was taken (``delayed`` only).
+        self.base: dict[int, torch.Tensor] | None = None
+        self._round = self.fragments[0]   # the tensors of the last delta taken
 
     def on_batch(self, samples: int) -> None:
         """One inner step (clipped); the samples only count towards the epoch."""
@@ -217,18 +230,19 @@ class DiLoCoStrategy:
     def reset(self) -> None:
         """Nothing: the delta is read from the parameters."""
 
-    def round_tensors(self, samples: int) -> list[torch.Tensor]:
-        """The delta since the last outer step, ``anchor - params`` (float32);
-        ``delayed``: the parameters now become the base."""
+    def fragment(self, epoch: int) -> list[int]:
+        """The parameter tensors (indices) the round of ``epoch`` averages."""
+        return self.fragments[epoch % len(self.fragments)]
+
+    def round_tensors(self, samples: int, epoch: int = 0) -> list[torch.Tensor]:
+        """The delta since the last outer step, ``anchor - params`` (float32), of
+        the fragment of ``epoch``; ``delayed``: those parameters now become the base."""
+        self._round = self.fragment(epoch)
         if self.delayed:
             with torch.no_grad():
-                if self.base is None:
-                    self.base = [p.detach().clone() for p in self._params]
-                else:
-                    for b, p in zip(self.base, self._params, strict=True):
-                        b.copy_(p.detach())
-        return [a - p.detach().to(torch.float32)
-                for a, p in zip(self.anchor, self._params, strict=True)]
+                self.base = {i: self._params[i].detach().clone() for i in self._round}
+        return [self.anchor[i] - self._params[i].detach().to(torch.float32)
+                for i in self._round]
 
     def on_failure(self, sent: list[torch.Tensor]) -> list[torch.Tensor] | None:
         """``"local"``: the outer step with this peer's own delta; ``"skip"``: none, so
@@ -236,27 +250,29 @@ class DiLoCoStrategy:
         return sent if self._on_failure == "local" else None
 
     def apply(self, averaged: list[torch.Tensor] | None) -> None:
-        """The outer step with the mean delta (None: the anchor unchanged); the
-        parameters go back to the anchor, or (``delayed``) to the anchor plus
-        the inner steps taken since the base."""
+        """The outer step of the last delta's fragment with the mean delta (None:
+        its anchor unchanged); its parameters go back to the anchor, or
+        (``delayed``) to the anchor plus the inner steps taken since the base."""
         mu, lr = self._outer_momentum, self._outer_lr
+        base = self.base or {}
         with torch.no_grad():
-            for i, (p, anchor, momentum) in enumerate(zip(self._params, self.anchor,
-                                                          self.momentum, strict=True)):
+            for k, i in enumerate(self._round):
+                p, anchor, momentum = self._params[i], self.anchor[i], self.momentum[i]
                 if averaged is not None:
-                    d = to_device(averaged[i], anchor)
+                    d = to_device(averaged[k], anchor)
                     momentum.mul_(mu).add_(d)
                     anchor.sub_(d + mu * momentum, alpha=lr)
-                if self.base is not None:
-                    p.sub_(self.base[i]).add_(anchor)
+                if i in base:
+                    p.sub_(base[i]).add_(anchor)
                 else:
                     p.copy_(anchor)
+        self.base = None
 
     def shared_params(self) -> list[torch.Tensor] | None:
-        """``delayed``: the anchor (the live parameters hold this peer's inner
-        steps since the base); else the live ones, which are the anchor after
-        every outer step."""
-        return list(self.anchor) if self.delayed else None
+        """The anchor where the live parameters hold this peer's own inner
+        steps after an outer step (``delayed``, several fragments); else None:
+        the live ones, which are the anchor after every outer step."""
+        return list(self.anchor) if self.delayed or len(self.fragments) > 1 else None
 
     def extra_state(self) -> dict[str, list[torch.Tensor]]:
         return {"anchor": list(self.anchor), "momentum": list(self.momentum)}
@@ -276,6 +292,25 @@ class DiLoCoStrategy:
             for m, value in zip(self.momentum, entry["momentum"], strict=True):
                 m.copy_(value)
         self.base = None
+
+
+def split_fragments(sizes: Sequence[int], count: int) -> list[list[int]]:
+    """The tensors (indices into ``sizes``, their element counts) of ``count``
+    fragments of about equal size: largest tensor first (ties: the lower
+    index), each to the fragment with the fewest elements so far (ties: the
+    lower fragment); each fragment's indices in ascending order.  The same
+    on every peer of the same model.  ConfigError if a fragment would be
+    empty (more fragments than tensors)."""
+    if count > len(sizes):
+        raise ConfigError(f"fragments={count}, but the model has {len(sizes)} parameter "
+                          f"tensors (each fragment needs one at least)")
+    totals = [0] * count
+    members: list[list[int]] = [[] for _ in range(count)]
+    for i in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        f = min(range(count), key=lambda f: (totals[f], f))
+        totals[f] += sizes[i]
+        members[f].append(i)
+    return [sorted(m) for m in members]
 
 
 #: ``OptimizerConfig.sent_momentum`` that takes over the wrapped optimizer's momentum.
@@ -323,7 +358,7 @@ def make_strategy(config: OptimizerConfig, optimizer: torch.optim.Optimizer,
         return DiLoCoStrategy(optimizer, params, outer_lr=config.outer_lr,
                               outer_momentum=config.outer_momentum,
                               clip_grad_norm=config.clip_grad_norm, on_failure=config.on_failure,
-                              delayed=config.delay_updates)
+                              delayed=config.delay_updates, fragments=config.fragments)
     return DeDLOCStrategy(optimizer, params, clip_grad_norm=config.clip_grad_norm,
                           on_failure=config.on_failure, sent_momentum=config.sent_momentum)
 

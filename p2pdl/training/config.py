@@ -80,6 +80,12 @@ class OptimizerConfig:
             checkpointed); a step alone or a failed round clears it.
         outer_lr, outer_momentum: DiLoCo's outer Nesterov SGD (0.7, 0.9 as in
             the DiLoCo paper).
+        fragments: DiLoCo mode: split the parameter tensors into this many
+            fragments of about equal size, and average one fragment per
+            epoch, in turn (epoch ``e`` averages fragment ``e % fragments``;
+            Streaming DiLoCo).  A round sends ``1 / fragments`` of the model,
+            and each fragment's outer step comes every ``fragments`` epochs.
+            Default 1 (every epoch averages every parameter).
         auxiliary: this peer trains nothing; it only helps reduce (call
             ``step()`` in a loop: each call waits for a round and joins it).
         matchmaking_time, target_group_size: passed to ``form_group`` (None:
@@ -131,6 +137,7 @@ class OptimizerConfig:
     error_feedback: bool | str = "auto"
     outer_lr: float = 0.7
     outer_momentum: float = 0.9
+    fragments: int = 1
     auxiliary: bool = False
     matchmaking_time: float | None = None
     target_group_size: int | None = None
@@ -183,6 +190,9 @@ class OptimizerConfig:
         if self.error_feedback != "auto" and not isinstance(self.error_feedback, bool):
             raise ConfigError(f"error_feedback must be True, False or 'auto', "
                               f"got {self.error_feedback!r}")
+        check_int("fragments", self.fragments, 1, 2**16)
+        if self.fragments > 1 and self.mode != "diloco":
+            raise ConfigError("fragments applies to mode='diloco' only")
         if self.target_group_size is not None:
             check_int("target_group_size", self.target_group_size, 2, 2**16)
         if self.allreduce is not None and not isinstance(self.allreduce, AllReduceConfig):

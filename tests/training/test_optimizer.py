@@ -178,6 +178,34 @@ def test_delayed_diloco_overlaps_rounds_with_inner_steps_converges_and_stays_ide
     assert task.validation_loss(models[0]) < start_loss - 0.3
 
 
+def test_diloco_in_fragments_with_delayed_outer_steps_converges_and_keeps_anchors_identical(
+        task):
+    """``fragments=2`` with ``delay_updates``: each epoch's round carries half
+    of the model, while the inner steps go on; the anchors stay bit-identical."""
+    models = [task.build_model() for _ in range(2)]
+    start_loss = task.validation_loss(models[0])
+    with swarm(2) as nodes:
+        opts = [make_opt(n, m, "diloco-fragments", target=96, mode="diloco",
+                         delay_updates=True, fragments=2)
+                for n, m in zip(nodes, models, strict=True)]
+        try:
+            sizes = [sum(opts[0].strategy._params[i].numel() for i in part)
+                     for part in opts[0].strategy.fragments]
+            in_threads(*(lambda i=i: train(opts[i], models[i], task.batches(i), epochs=6)
+                         for i in range(2)))
+            for o in opts:
+                o.close()
+            stats = [o.statistics() for o in opts]
+        finally:
+            for o in opts:
+                o.close()
+    assert len(sizes) == 2 and max(sizes) < 0.75 * sum(sizes), sizes
+    assert all(torch.equal(a, b) for a, b in zip(opts[0].strategy.anchor,
+                                                 opts[1].strategy.anchor, strict=True))
+    assert all(s["averaged"] >= 5 and s["failed"] == 0 for s in stats), stats
+    assert task.validation_loss(models[0]) < start_loss - 0.3
+
+
 @pytest.mark.parametrize("codec", ["uint4", "topk", "qtopk"])
 def test_diloco_with_a_lossy_codec_and_error_feedback_converges_and_stays_identical(
         task, codec):
@@ -376,6 +404,10 @@ def test_bad_arguments_are_config_errors(task):
     model = task.build_model()
     with pytest.raises(ConfigError, match="mode"):
         OptimizerConfig(mode="sgd")
+    with pytest.raises(ConfigError, match="fragments applies to mode='diloco'"):
+        OptimizerConfig(fragments=2)
+    with pytest.raises(ConfigError, match="fragments"):
+        OptimizerConfig(mode="diloco", fragments=0)
     with pytest.raises(ConfigError, match="node"):
         Optimizer(node=object(), run_id="x", optimizer=torch.optim.SGD(model.parameters(), 0.1),
                   target_batch_size=8)

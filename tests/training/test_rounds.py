@@ -258,6 +258,24 @@ def test_a_rounds_rounding_is_sent_with_the_next_round():
     assert r.feedback.residual is None
 
 
+def test_with_diloco_fragments_each_fragments_rounding_goes_to_its_own_next_round():
+    """fragments=2: epochs 0, 2, 4 average fragment 0 and 1, 3 fragment 1; a
+    round's residual is added to the next round of its fragment, not the next
+    round (which may even have the same shapes)."""
+    node = FakeNode()
+    r = rounds(node, error_feedback=True, mode="diloco", fragments=2)
+    errors = {0: [torch.tensor([0.25, 0.0, 0.0])], 1: [torch.tensor([0.0, 0.5, 0.0])]}
+    for epoch in (0, 1):
+        node.allreduce.futures.append(done(SimpleNamespace(
+            **vars(averaged([torch.ones(3)])), sent_error=errors[epoch])))
+        r.run(epoch, [torch.ones(3)], 8, alone=False)
+    for epoch in (2, 3):
+        node.allreduce.futures.append(done(averaged([torch.ones(3)])))
+        r.run(epoch, [torch.ones(3)], 8, alone=False)
+        sent = node.allreduce.calls[epoch]["tensors"][0]
+        assert torch.equal(sent, torch.ones(3) + errors[epoch % 2][0]), epoch
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(["uint4", "uint8", "fp16", "topk", "qtopk"]), st.integers(1, 6),
        st.integers(1, 600), st.integers(0, 2**16))

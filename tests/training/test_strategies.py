@@ -7,7 +7,7 @@ import torch
 
 from p2pdl.errors import ConfigError
 from p2pdl.training import DeDLOCStrategy, DiLoCoStrategy, OptimizerConfig
-from p2pdl.training._strategies import check_like, make_strategy
+from p2pdl.training._strategies import check_like, make_strategy, split_fragments
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -239,6 +239,38 @@ def test_delayed_diloco_without_steps_meanwhile_lands_on_the_anchor_and_a_load_d
     assert other.base is None
     other.apply(None)
     assert torch.equal(other._params[0].detach(), strategy.anchor[0])
+
+
+def test_fragments_split_the_tensors_into_parts_of_about_equal_size():
+    assert split_fragments([10, 10, 10, 10], 2) == [[0, 2], [1, 3]]
+    assert split_fragments([100, 1, 1, 60, 40], 2) == [[0, 1], [2, 3, 4]]
+    assert split_fragments([5, 3], 1) == [[0, 1]]
+    parts = split_fragments([7, 300, 2, 120, 120, 64, 9], 3)
+    assert sorted(i for part in parts for i in part) == list(range(7))   # each tensor once
+    assert split_fragments([7, 300, 2, 120, 120, 64, 9], 3) == parts    # the same every time
+    with pytest.raises(ConfigError, match="fragments=3, but the model has 2"):
+        split_fragments([5, 3], 3)
+
+
+def test_diloco_fragments_average_one_fragment_per_epoch_and_leave_the_others_training():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2, bias=True))   # weight (4), bias (2)
+    with torch.no_grad():
+        model[0].weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        model[0].bias.copy_(torch.tensor([1.0, 1.0]))
+    strategy, _ = diloco(model, lr=1.0, outer_lr=1.0, outer_momentum=0.0, fragments=2)
+    assert strategy.fragments == [[0], [1]] and strategy.fragment(3) == [1]
+    weight, bias = model[0].weight, model[0].bias
+    weight.grad, bias.grad = torch.ones(2, 2), torch.ones(2)
+    strategy.on_batch(1)   # weight - 1, bias - 1
+    (delta,) = strategy.round_tensors(1, epoch=4)   # fragment 0: the weight alone
+    assert torch.equal(delta, torch.ones(2, 2))
+    strategy.apply([torch.full((2, 2), 0.5)])
+    assert torch.equal(weight.detach(), torch.tensor([[0.5, 1.5], [2.5, 3.5]]))   # the anchor
+    assert torch.equal(bias.detach(), torch.zeros(2))   # still training, away from its anchor
+    assert torch.equal(strategy.anchor[1], torch.ones(2))
+    assert torch.equal(strategy.shared_params()[1], strategy.anchor[1])
+    (delta,) = strategy.round_tensors(1, epoch=5)   # fragment 1: the bias
+    assert torch.equal(delta, torch.ones(2))
 
 
 @pytest.mark.parametrize("entry, match", [
