@@ -133,8 +133,8 @@ class StateKeeper:
         """The state as shared and checkpointed: its tensors on the CPU (the
         live ones where they are there already, copies of the others); the
         model's buffers under ``"buffers"`` where it has them.  The parameters
-        are the strategy's shared ones (DiLoCo with delayed updates: the anchor;
-        the inner steps since are this peer's own)."""
+        are the strategy's shared ones (DiLoCo with delayed updates or several
+        fragments: the anchor; the inner steps since are this peer's own)."""
         shared = self.strategy.shared_params()
         state = {
             "format": STATE_FORMAT, "epoch": self.epoch, "mode": self.config.mode,
