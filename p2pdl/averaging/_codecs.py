@@ -218,6 +218,17 @@ def _view(payload: bytes | bytearray | memoryview, codec: Codec, numel: int) -> 
     return view
 
 
+def _raw_view(payload: bytes | bytearray | memoryview, codec: Codec, numel: int,
+              dtype: str) -> torch.Tensor:
+    """The payload's ``numel`` values of ``dtype`` (``Codec.decoded_view``)."""
+    import torch
+
+    view = _view(payload, codec, numel)
+    if numel == 0:
+        return torch.empty(0, dtype=getattr(torch, dtype))
+    return torch.frombuffer(view, dtype=getattr(torch, dtype), count=numel)
+
+
 def _output(numel: int, out: torch.Tensor | None) -> torch.Tensor:
     import torch
 
@@ -265,6 +276,15 @@ class Codec:
     def decode(self, payload: bytes | bytearray | memoryview, numel: int, *,
                out: torch.Tensor | None = None, trusted: bool = False) -> torch.Tensor:
         raise NotImplementedError
+
+    def decoded_view(self, payload: bytes | bytearray | memoryview, numel: int
+                     ) -> torch.Tensor | None:
+        """A payload this node encoded itself, as a tensor over its memory
+        whose values converted to float32 are exactly what :meth:`decode`
+        gives (``none``: float32; ``fp16``: float16), with no copy and no
+        checks; None for codecs whose decoding computes (read it with
+        :meth:`decode` then)."""
+        return None
 
     def error_bound(self, t: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -318,6 +338,10 @@ class NoneCodec(Codec):
             return values
         return _output(numel, out).copy_(values)
 
+    def decoded_view(self, payload: bytes | bytearray | memoryview, numel: int
+                     ) -> torch.Tensor | None:
+        return _raw_view(payload, self, numel, "float32")
+
     def error_bound(self, t: torch.Tensor) -> torch.Tensor:
         import torch
 
@@ -361,6 +385,10 @@ class Float16Codec(Codec):
         if not trusted:
             _check_finite_remote(half, "fp16")
         return result.copy_(half)
+
+    def decoded_view(self, payload: bytes | bytearray | memoryview, numel: int
+                     ) -> torch.Tensor | None:
+        return _raw_view(payload, self, numel, "float16")
 
     def error_bound(self, t: torch.Tensor) -> torch.Tensor:
         import torch

@@ -27,6 +27,7 @@ from ._evidence import (
     chunks_digest,
     commitment_payload,
     decode_chunks,
+    own_chunk_values,
     signed_by,
     unpack_report,
 )
@@ -101,15 +102,16 @@ class _DisputeSide:
 
         me, encoded = session.me, session.encoded   # (not the session: no cycle through it)
 
-        def values(r: int, own: torch.Tensor) -> torch.Tensor:
+        def values(r: int, own: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
             """This member's values of part ``r`` as its reducer decoded them:
-            written into ``own`` (the verifier computes in it), or, of its own
-            part, a view of them (read before the verifier writes ``own``)."""
+            written into ``own`` (the verifier computes in it), or views of
+            them: of its own part, and per chunk of its payloads where the
+            codec has one (read before the verifier writes ``own``)."""
             lo, hi = layout.part_bounds[r]
             if r == me:
                 return flat[lo:hi]
             if r in encoded:
-                return decode_chunks(layout, r, encoded[r], out=own, trusted=True)
+                return own_chunk_values(layout, r, encoded[r], own)
             for chunk in layout.chunks[r]:
                 a, b = chunk.start - lo, chunk.end - lo
                 piece = own[a:b]

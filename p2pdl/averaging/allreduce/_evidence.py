@@ -60,6 +60,7 @@ __all__ = ["CHUNK_DIGEST_SIZE", "SIGNATURE_SIZE", "MAX_COMMITTED_CHUNKS", "chunk
            "payload_hasher", "commitment_payload", "report_payload", "claims_bytes",
            "chunks_digest", "members_digest", "reports_digest", "answer_payload",
            "result_payload", "signed_by", "pack_sketch", "unpack_report", "decode_chunks",
+           "own_chunk_values",
            "ReducerEvidence"]
 
 #: Bytes of a chunk digest (BLAKE3 of its payload).
@@ -177,6 +178,26 @@ def unpack_report(sketch: bytes, distances: Sequence[float]) -> Report | None:
     if len(sketch) != 4 * SKETCH_BUCKETS:
         return None
     return Report(struct.unpack(f"<{SKETCH_BUCKETS}f", sketch), tuple(distances))
+
+
+def own_chunk_values(layout: Layout, part: int, payloads: Sequence[bytes | memoryview],
+                     out: torch.Tensor) -> list[torch.Tensor]:
+    """This node's own values of ``part`` as a reducer decodes its chunk
+    payloads, one tensor per chunk: a view of the payload where the codec
+    has one (:meth:`Codec.decoded_view`: no copy), else decoded into
+    ``out``'s slice of the chunk (float32, the part's size); zeros (in
+    ``out``) for the chunks after ``payloads``, as :func:`decode_chunks`."""
+    values = []
+    for k, chunk in enumerate(layout.chunks[part]):
+        lo = chunk.start - chunk.part_start
+        piece = out[lo:lo + chunk.count]
+        if k >= len(payloads):
+            values.append(piece.zero_())
+            continue
+        view = chunk.codec.decoded_view(payloads[k], chunk.count)
+        values.append(view if view is not None else
+                      chunk.codec.decode(payloads[k], chunk.count, out=piece, trusted=True))
+    return values
 
 
 def decode_chunks(layout: Layout, part: int, payloads: Sequence[bytes | memoryview],

@@ -334,7 +334,8 @@ def verifiable(aggregator: Aggregator) -> bool:
     return aggregator.name in ("mean", "centered_clip")
 
 
-def contributor_terms(layout: Layout, part: int, values: torch.Tensor, result: torch.Tensor,
+def contributor_terms(layout: Layout, part: int,
+                      values: torch.Tensor | Sequence[torch.Tensor], result: torch.Tensor,
                       claims: Sequence[ChunkClaim], member: int, *,
                       out: torch.Tensor | None = None
                       ) -> tuple[torch.Tensor, tuple[float, ...]]:
@@ -346,12 +347,15 @@ def contributor_terms(layout: Layout, part: int, values: torch.Tensor, result: t
     ``result``: the part as received.  The terms do not depend on a nonce:
     a member computes them once and sketches them for every verifier.  With
     ``out`` (float32, the part's size, ``values`` itself or apart from it)
-    they are written there."""
+    they are written there.  ``values`` may also be one tensor per chunk, of
+    any float type whose values are exact in float32 (a float16 view of an
+    fp16 payload: :func:`own_chunk_values`), read without a copy."""
     import torch
 
     terms = out if out is not None else torch.empty(result.numel(), dtype=torch.float32)
+    per_chunk = not isinstance(values, torch.Tensor)
     distances = []
-    for chunk, claim in zip(layout.chunks[part], claims, strict=True):
+    for k, (chunk, claim) in enumerate(zip(layout.chunks[part], claims, strict=True)):
         share = claim.share(member)
         lo = chunk.start - chunk.part_start
         hi = lo + chunk.count
@@ -359,8 +363,10 @@ def contributor_terms(layout: Layout, part: int, values: torch.Tensor, result: t
             terms[lo:hi] = 0.0
             distances.append(0.0)
             continue
-        difference = torch.sub(values[lo:hi].to(torch.float32), result[lo:hi].to(torch.float32),
-                               out=terms[lo:hi])
+        x = values[k] if per_chunk else values[lo:hi]
+        if x.dtype != torch.float16:   # float16 minus float32 is computed in float32
+            x = x.to(torch.float32)
+        difference = torch.sub(x, result[lo:hi].to(torch.float32), out=terms[lo:hi])
         distance = norm64(difference)
         distances.append(distance)
         scale = 1.0 if claim.tau is None else max(float(claim.tau), distance)
@@ -719,7 +725,8 @@ class RoundVerifier:
     too little to be checked) and its digest; and ``values``, which returns
     this member's own values of a part, as its reducer decoded them: written
     into the float32 tensor it is given (of the part's size), or a tensor
-    of its own that stays unchanged while the terms are computed.  Its
+    of its own that stays unchanged while the terms are computed, or one
+    tensor per chunk (:func:`contributor_terms`).  Its
     buffers come from ``scratch`` (a :class:`Scratch` kept by the caller
     from round to round; a fresh one if None), and go back to it on
     :meth:`close`.  It
@@ -737,7 +744,8 @@ class RoundVerifier:
                  results: Mapping[int, torch.Tensor],
                  claims: Mapping[int, Sequence[ChunkClaim] | None],
                  digests: Mapping[int, bytes],
-                 values: Callable[[int, torch.Tensor], torch.Tensor],
+                 values: Callable[[int, torch.Tensor],
+                                  torch.Tensor | Sequence[torch.Tensor]],
                  scratch: Scratch | None = None) -> None:
         self.layout = layout
         self.group_id = group_id

@@ -117,7 +117,9 @@ class MatchmakingStatistics(Statistics):
     show it within INTRODUCE_WAIT); ``late_members_awaited``, groups whose leader, about to
     finalize early, saw peers that announced since it planned and waited for them;
     ``refusals_resolved``, groups this peer led that left out a joiner, or
-    the members it refused (``mm.join``'s ``refuses``)."""
+    the members it refused (``mm.join``'s ``refuses``); ``disputed_pairs_refused``,
+    groups of two contributors this peer turned down because the other was
+    refused by a joiner it left out earlier in the round (robust rules)."""
 
     active_rounds: int
     held_joins: int
@@ -136,6 +138,7 @@ class MatchmakingStatistics(Statistics):
     view_fetches: int = 0
     late_members_awaited: int = 0
     refusals_resolved: int = 0
+    disputed_pairs_refused: int = 0
 
 
 #: The counters of :meth:`MatchmakingService.statistics`.
@@ -537,6 +540,15 @@ class MatchmakingService:
                            round_.run_id, round_.epoch, leader,
                            ", ".join(_short(p) for p in outsiders))
             return "bad_answer"
+        disputed = round_.pairs_with_disputed(group)
+        if disputed is not None:
+            self._counters["disputed_pairs_refused"] += 1
+            notes.append(f"{_short(leader)}: a group of two with {_short(disputed)}, "
+                         f"whom a member refused")
+            logger.info("matchmaking %s/%d: turned down %s's group: its other contributor "
+                        "%s was refused by a member this round", round_.run_id,
+                        round_.epoch, leader, _short(disputed))
+            return "disputed"
         return group
 
     def _averages(self, peer: ID, run_id: str) -> bool:

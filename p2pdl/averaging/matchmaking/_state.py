@@ -107,11 +107,15 @@ class LeaderState:
         finalize_at: when it finalizes at the latest.
         planner: makes the group's load plan at finalization (default
             :func:`plan_fractions`).
+        robust: the group averages under a robust rule (not the mean): a
+            refusal the leader cannot judge then never leaves the refused
+            member one of only two contributors (:meth:`finalize`).
     """
 
     def __init__(self, run_id: str, epoch: int, leader: GroupMemberInfo,
                  target_group_size: int, min_group_size: int, expected: Iterable[ID] | None,
-                 finalize_at: float, planner: Planner = plan_fractions) -> None:
+                 finalize_at: float, planner: Planner = plan_fractions, *,
+                 robust: bool = False) -> None:
         if leader.client_mode:
             raise ValueError("a client-mode peer cannot lead")
         self.run_id, self.epoch, self.leader = run_id, epoch, leader
@@ -119,6 +123,10 @@ class LeaderState:
         self.expected = None if expected is None else frozenset(expected) - {leader.peer_id}
         self.finalize_at = finalize_at
         self.planner = planner
+        self.robust = robust
+        # members a joiner refused that this leader could not judge (it left
+        # the joiner out instead): under a robust rule, never one of two
+        self.disputed: set[ID] = set()
         self.joiners: dict[ID, _Joiner] = {}  # in order of arrival
         # joiners left out at finalization for a refusal, and why
         self.excluded: dict[ID, Refusal] = {}
@@ -195,14 +203,20 @@ class LeaderState:
         the leader holds evidence against every member the joiner refuses
         (``suspect``: it flagged them too), those members are left out;
         otherwise (or where it refuses the leader) the joiner is.  So a
-        joiner's word alone never removes anyone but itself.  Whoever is
-        left out is answered ``excluded``."""
+        joiner's word alone never removes anyone but itself -- except under
+        a robust rule, where it would leave a member it refused one of the
+        group's two contributors: two cannot outvote each other, so that
+        member is left out too (the group is disbanded if it is the
+        leader).  Whoever is left out is answered ``excluded``."""
         if self.status != "open":
             return self.group
         self._drop_expired(now)
         for peer in [p for p in self.joiners if not alive(p)]:
             del self.joiners[peer]
-        self._keep_apart(suspect)
+        disputed = self._keep_apart(suspect)
+        self.disputed |= disputed
+        if self.robust and disputed and self._no_majority_with(disputed):
+            return None
         if self.size < self.min_group_size:
             self.disband(f"only {self.size} member(s); at least {self.min_group_size} needed")
             return None
@@ -211,9 +225,11 @@ class LeaderState:
         self.status = "finalized"
         return self.group
 
-    def _keep_apart(self, suspect: Callable[[ID], bool]) -> None:
-        """Leave out joiners, or the members they refuse (:meth:`finalize`)."""
+    def _keep_apart(self, suspect: Callable[[ID], bool]) -> set[ID]:
+        """Leave out joiners, or the members they refuse (:meth:`finalize`);
+        return the members refused by a joiner that was left out instead."""
         leader = self.leader.peer_id
+        disputed: set[ID] = set()
         for peer in list(self.joiners):
             joiner = self.joiners.get(peer)
             if joiner is None:   # left out by an earlier joiner's refusal
@@ -227,12 +243,34 @@ class LeaderState:
                 self.excluded[peer] = Refusal(
                     "excluded", f"it refuses {len(refused)} member(s) this leader holds no "
                                 f"evidence against")
+                disputed.update(refused)
                 continue
             for p in refused:
                 del self.joiners[p]
                 self.excluded[p] = Refusal(
                     "excluded", "a member refuses it, and this leader holds evidence "
                                 "against it too")
+        return disputed
+
+    def _no_majority_with(self, disputed: set[ID]) -> bool:
+        """Under a robust rule, leave out the members in ``disputed`` that would
+        be one of the group's only two contributors (non-auxiliary members):
+        the rule bounds a minority, and one of two is none.  Return whether
+        the group was disbanded for it (the leader is one of them)."""
+        members = [self.leader] + [j.info for j in self.joiners.values()]
+        contributors = {m.peer_id for m in members if not m.auxiliary}
+        if len(contributors) != 2 or not disputed & contributors:
+            return False
+        if self.leader.peer_id in disputed:
+            self.disband("a member refused this leader, which would be one of only two "
+                         "contributors: a robust rule cannot outvote either")
+            return True
+        for p in disputed & contributors:
+            del self.joiners[p]
+            self.excluded[p] = Refusal(
+                "excluded", "a member refuses it, and without that member it would be one "
+                            "of only two contributors: a robust rule cannot outvote either")
+        return False
 
     def disband(self, detail: str) -> None:
         """Give the group up before it formed: every held joiner is refused."""
@@ -333,7 +371,8 @@ class MatchmakingRound:
         if self.phase not in (Phase.GATHERING, Phase.JOINING) or self.leader is not None:
             raise RuntimeError(f"cannot start leading in phase {self.phase.value}")
         self.leader = LeaderState(self.run_id, self.epoch, self.me, self.target_group_size,
-                                  self.min_group_size, expected, finalize_at, self.planner)
+                                  self.min_group_size, expected, finalize_at, self.planner,
+                                  robust=self.aggregation is not None)
         self.phase = Phase.LEADING
         self._changed()
         return self.leader
@@ -350,6 +389,21 @@ class MatchmakingRound:
             self.leader.disband(detail)
             self.phase = Phase.JOINING
             self._changed()
+
+    def pairs_with_disputed(self, group: Group) -> ID | None:
+        """The other of ``group``'s two contributors, where this round averages
+        under a robust rule and, leading earlier in the round, left out a
+        joiner that refused that peer (:meth:`LeaderState.finalize`); else
+        None.  A follower turns such a group down: the refused peer, left
+        out of the first group, must not get one of two votes in the next."""
+        if self.aggregation is None or self.leader is None or not self.leader.disputed:
+            return None
+        others = [m.peer_id for m in group.members
+                  if not m.auxiliary and m.peer_id != self.me.peer_id]
+        contributes = not self.me.auxiliary
+        if contributes and len(others) == 1 and others[0] in self.leader.disputed:
+            return others[0]
+        return None
 
     def finish(self, group: Group | None, detail: str = "the round ended") -> None:
         """The round is over, with ``group`` or without one."""

@@ -412,6 +412,35 @@ def test_norm64_is_the_float64_norm_and_decode_chunks_writes_where_asked():
     assert torch.allclose(out[:2048], x[:2048], atol=1e-2)
 
 
+@pytest.mark.parametrize("codec", ["none", "fp16", "uint8"])
+def test_own_payloads_are_read_without_a_copy_and_give_the_same_terms(codec):
+    """A contributor's terms from views of its own payloads (fp16, none) or
+    decoded copies (the others) are bit for bit those from its decoded values."""
+    from p2pdl.averaging.allreduce._evidence import decode_chunks, own_chunk_values
+    from p2pdl.averaging.allreduce._verify import contributor_terms
+
+    gen = torch.Generator().manual_seed(7)
+    layout = Layout.for_tensors([3000], [1.0], CodecPolicy(large=codec, threshold=100), 1024,
+                                RULES["centered_clip"])
+    x = torch.randn(3000, generator=gen) * 3
+    payloads = [chunk.codec.encode(x[chunk.start:chunk.end].clone())
+                for chunk in layout.chunks[0]]
+    out = torch.full((3000,), 7.0)
+    values = own_chunk_values(layout, 0, payloads[:2], out)   # the third undelivered
+    views = [v for v in values if v.data_ptr() < out.data_ptr()
+             or v.data_ptr() >= out.data_ptr() + 4 * 3000]
+    assert len(views) == (2 if codec in ("none", "fp16") else 0)
+    assert [v.dtype for v in views] == [{"none": torch.float32,
+                                         "fp16": torch.float16}.get(codec)] * len(views)
+    decoded = decode_chunks(layout, 0, payloads[:2])
+    assert torch.equal(torch.cat([v.float() for v in values]), decoded)
+    result = torch.randn(3000, generator=gen)
+    claims = [ChunkClaim((0, 1, 2), (1.0, 1.0, 1.0), 0.8) for _ in layout.chunks[0]]
+    flat_terms, flat_d = contributor_terms(layout, 0, decoded, result, claims, 0)
+    terms, d = contributor_terms(layout, 0, values, result, claims, 0, out=out)
+    assert terms is out and torch.equal(terms, flat_terms) and d == flat_d
+
+
 def test_rules_without_a_check_are_unverifiable():
     layout = Layout.for_tensors([2000], [0.5, 0.5], CodecPolicy(), 1024, Aggregator("median"))
     rows = torch.randn(2, 2000, generator=torch.Generator().manual_seed(1))

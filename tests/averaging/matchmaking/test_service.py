@@ -280,6 +280,36 @@ async def test_a_joiner_that_banned_a_member_is_not_split_off(autojump_clock, ev
         assert leader.matchmaking.statistics()["refusals_resolved"] == 1
 
 
+@pytest.mark.parametrize("robust", [True, False])
+async def test_a_refused_peer_never_gets_one_of_two_votes_under_a_robust_rule(
+        autojump_clock, robust):
+    """Joiner A banned M; the leader L has not.  Leaving A out would leave L
+    alone with M, where a robust rule outvotes nobody: L leaves M out too, and
+    later in the round turns down a group of two with M (as M's follower).
+    Under the mean the pair forms as before."""
+    async with open_memory_nodes(3, mm_config(target_group_size=4,
+                                              matchmaking_time=10)) as nodes:
+        await wait_for_dht(nodes)
+        everyone = [info(n) for n in nodes]
+        run_id = choose_run(everyone, 4, lambda plan: plan.leaders == (nodes[0].peer_id,),
+                            "disputed")
+        leader, joiner, banned = nodes
+        joiner.flags.ban(banned.peer_id, run_id, time.time(), "test")
+        results = await form_all(nodes, run_id, aggregation=b"r" * 32 if robust else None)
+        if not robust:
+            groups = groups_of(nodes, results)
+            assert [set(g.peer_ids) for g in groups.values()] == [
+                {leader.peer_id, banned.peer_id}]
+            return
+        # M may form a group with L on its side; L (and A) never average with M
+        for honest in (0, 1):
+            assert isinstance(results[honest], MatchmakingFailedError) or \
+                banned.peer_id not in results[honest].peer_ids, results[honest]
+        # L ends alone (having turned M's pair down) or with A, never with M
+        assert "whom a member refused" in str(results[0]) or \
+            set(results[0].peer_ids) == {leader.peer_id, joiner.peer_id}
+
+
 async def test_a_late_arrival_joins_a_group_that_is_still_open(autojump_clock):
     config = mm_config(target_group_size=8, matchmaking_time=12, join_window=4)
     async with open_memory_nodes(5, config) as nodes:

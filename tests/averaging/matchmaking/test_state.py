@@ -219,9 +219,9 @@ def test_closed_groups_send_a_peer_to_other_groups_then_to_the_leftovers_leader(
 # -- a leader ----------------------------------------------------------------------------
 
 
-def leader_state(target=4, min_size=2, expected=None, finalize_at=10.0):
+def leader_state(target=4, min_size=2, expected=None, finalize_at=10.0, robust=False):
     return LeaderState(RUN, EPOCH, GroupMemberInfo(peer(0)), target, min_size, expected,
-                       finalize_at)
+                       finalize_at, robust=robust)
 
 
 def test_a_leader_accepts_first_come_up_to_the_target_and_refuses_the_rest():
@@ -338,6 +338,43 @@ def test_a_joiners_word_alone_removes_only_itself():
     group = state.finalize(6.0, suspect=lambda p: True)
     assert set(group.peer_ids) == {peer(0), peer(2)}
     assert state.outcome(peer(1)).code == "excluded"
+
+
+def test_under_a_robust_rule_a_refused_member_is_never_one_of_two_contributors():
+    """Joiner 1 banned peer 2; the leader has not.  Leaving 1 out would leave
+    the leader alone with 2, where no robust rule outvotes 2: 2 goes too."""
+    state = leader_state(target=8, min_size=2, robust=True)
+    state.offer(peer(1), False, 8, 20.0, now=0.0, refuses=[peer(2)])
+    state.offer(peer(2), False, 8, 20.0, now=0.0)
+    assert state.finalize(6.0) is None
+    assert state.status == "disbanded"
+    assert state.outcome(peer(1)).code == "disbanded"   # below min_group_size
+    # with a third contributor the rule outvotes 2: only the refuser goes
+    state = leader_state(target=8, min_size=2, robust=True)
+    for i in (1, 2, 3):
+        state.offer(peer(i), False, 8, 20.0, now=0.0, refuses=[peer(2)] if i == 1 else ())
+    assert set(state.finalize(6.0).peer_ids) == {peer(0), peer(2), peer(3)}
+    # an auxiliary member contributes nothing: leader, 2 and an auxiliary 3 are two
+    state = leader_state(target=8, min_size=2, robust=True)
+    state.offer(peer(1), False, 8, 20.0, now=0.0, refuses=[peer(2)])
+    state.offer(peer(2), False, 8, 20.0, now=0.0)
+    state.offer(peer(3), False, 8, 20.0, now=0.0, auxiliary=True)
+    group = state.finalize(6.0)
+    assert set(group.peer_ids) == {peer(0), peer(3)}
+    assert state.outcome(peer(2)).code == "excluded"
+    assert "two contributors" in state.outcome(peer(2)).detail
+    # a refused leader with one other contributor gives the group up
+    state = leader_state(target=8, min_size=2, robust=True)
+    state.offer(peer(1), False, 8, 20.0, now=0.0, refuses=[peer(0)])
+    state.offer(peer(2), False, 8, 20.0, now=0.0)
+    assert state.finalize(6.0) is None
+    assert state.outcome(peer(2)).code == "disbanded"
+    assert "two contributors" in state.outcome(peer(2)).detail
+    # under the mean (no rule to outvote anyone) the pair stays
+    state = leader_state(target=8, min_size=2)
+    state.offer(peer(1), False, 8, 20.0, now=0.0, refuses=[peer(2)])
+    state.offer(peer(2), False, 8, 20.0, now=0.0)
+    assert set(state.finalize(6.0).peer_ids) == {peer(0), peer(2)}
 
 
 def test_refusals_are_resolved_in_order_of_arrival():
