@@ -576,7 +576,7 @@ class Optimizer(torch.optim.Optimizer):
         (``register_state_dict_pre_hook``/``_post_hook``) run as torch's do."""
         for pre_hook in self._optimizer_state_dict_pre_hooks.values():
             pre_hook(self)
-        state = self.state_keeper.full_state()
+        state = self.state_keeper.full_state(own=True)
         del state["params"]
         for post_hook in self._optimizer_state_dict_post_hooks.values():
             hooked = post_hook(self, state)

@@ -129,17 +129,22 @@ class StateKeeper:
 
     # -- the full state -----------------------------------------------------------------
 
-    def full_state(self) -> dict[str, Any]:
-        """The state as shared and checkpointed: its tensors on the CPU (the
-        live ones where they are there already, copies of the others); the
-        model's buffers under ``"buffers"`` where it has them.  The parameters
-        are the strategy's shared ones (DiLoCo with delayed updates or several
-        fragments: the anchor; the inner steps since are this peer's own)."""
+    def full_state(self, *, own: bool = False) -> dict[str, Any]:
+        """The state as shared (``own``: as checkpointed, with this peer's own
+        parts): its tensors on the CPU (the live ones where they are there
+        already, copies of the others); the model's buffers under
+        ``"buffers"`` where it has them.  The parameters are the strategy's
+        shared ones (DiLoCo with delayed updates or several fragments: the
+        anchor; the inner steps since are this peer's own).  In DiLoCo mode
+        the shared state's ``"optimizer"`` is None: the inner optimizer's
+        state is each peer's own (its moments follow its own batches), so
+        peers that share every outer step have equal states and digests."""
         shared = self.strategy.shared_params()
+        inner = own or self.strategy.shares_optimizer_state()
         state = {
             "format": STATE_FORMAT, "epoch": self.epoch, "mode": self.config.mode,
             "params": [p.detach() for p in (self.params if shared is None else shared)],
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": self.optimizer.state_dict() if inner else None,
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
             "diloco": self.strategy.extra_state()}
         if self.buffers:
@@ -165,8 +170,11 @@ class StateKeeper:
         _check_buffers(buffers, self.buffers)
         extra = state.get("diloco")
         self.strategy.check_extra_state(extra)
+        if state.get("optimizer") is None and self.strategy.shares_optimizer_state():
+            raise ConfigError("the state has no optimizer state")
         try:
-            self.optimizer.load_state_dict(state["optimizer"])
+            if state.get("optimizer") is not None:   # None: DiLoCo's inner state stays own
+                self.optimizer.load_state_dict(state["optimizer"])
             if self.scheduler is not None and state.get("scheduler") is not None:
                 self.scheduler.load_state_dict(state["scheduler"])
         except (KeyError, ValueError, TypeError, RuntimeError) as exc:
@@ -508,7 +516,7 @@ class StateKeeper:
         if self.policy is None:
             raise ConfigError("save_checkpoint needs checkpoint_dir")
         try:
-            save_checkpoint(self.policy.directory, self.full_state(), self.epoch,
+            save_checkpoint(self.policy.directory, self.full_state(own=True), self.epoch,
                             keep=self.policy.keep)
         except CheckpointError as exc:
             logger.error("run %s: checkpoint of epoch %d failed: %s", self.run_id,

@@ -71,6 +71,12 @@ class Strategy(Protocol):
         """The parameters the shared state holds (None: the live ones)."""
         ...
 
+    def shares_optimizer_state(self) -> bool:
+        """Whether the wrapped optimizer's state is the same on every peer of a
+        round (DeDLOC: one step of the averaged gradients) and so part of the
+        shared state; DiLoCo's inner optimizer runs on each peer's own batches."""
+        ...
+
 
 class DeDLOCStrategy:
     """Average the gradients of the global batch; one step of the wrapped optimizer per epoch.
@@ -173,6 +179,9 @@ class DeDLOCStrategy:
         """The live parameters: they are the shared ones after every global step."""
         return None
 
+    def shares_optimizer_state(self) -> bool:
+        return True
+
 
 class DiLoCoStrategy:
     """Local inner steps; an outer Nesterov SGD step on the mean parameter delta per epoch.
@@ -273,6 +282,10 @@ class DiLoCoStrategy:
         steps after an outer step (``delayed``, several fragments); else None:
         the live ones, which are the anchor after every outer step."""
         return list(self.anchor) if self.delayed or len(self.fragments) > 1 else None
+
+    def shares_optimizer_state(self) -> bool:
+        """No: the inner optimizer's state (AdamW's moments) is this peer's own."""
+        return False
 
     def extra_state(self) -> dict[str, list[torch.Tensor]]:
         return {"anchor": list(self.anchor), "momentum": list(self.momentum)}

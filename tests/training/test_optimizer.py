@@ -151,6 +151,15 @@ def test_diloco_converges_on_the_example(task):
     assert torch.equal(flat(models[0]), flat(models[1]))
     assert opts[0].statistics()["averaged"] >= 3
     assert task.validation_loss(models[0]) < start_loss - 0.3
+    # The shared state leaves out the inner optimizer's moments (each peer's own,
+    # from its own batches), so peers that shared every outer step agree on it.
+    keepers = [o.state_keeper for o in opts]
+    assert keepers[0].epoch == keepers[1].epoch
+    assert keepers[0].digest() == keepers[1].digest()
+    assert keepers[0].full_state()["optimizer"] is None
+    inner = [k.full_state(own=True)["optimizer"]["state"] for k in keepers]
+    assert not torch.equal(inner[0][0]["exp_avg"], inner[1][0]["exp_avg"])
+    assert opts[0].state_dict()["optimizer"]["state"]   # the user's state_dict keeps it
 
 
 def test_delayed_diloco_overlaps_rounds_with_inner_steps_converges_and_stays_identical(task):
