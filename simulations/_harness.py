@@ -91,6 +91,36 @@ EXCHANGE_EVENT = "address"
 EXCHANGE_COMMAND = "peers"
 
 
+def netlab_unavailable(what: str) -> str | None:
+    """Why ``what`` cannot run the emulated internet here (None: it can): it
+    needs root with ``ip``, ``tc`` and ``nft``."""
+    import shutil
+
+    from p2pdl import netlab
+
+    if os.geteuid() != 0:
+        return f"{what} needs root (network namespaces, tc, nft)"
+    missing = [p for p in ("ip", "tc", "nft") if shutil.which(p) is None]
+    if missing:
+        return f"missing programs: {', '.join(missing)} (Debian packages iproute2, nftables)"
+    ok, reason = netlab.available()
+    return None if ok else f"netlab unavailable: {reason}"
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block SIGTERM raises KeyboardInterrupt, so that a benchmark
+    killed by ``timeout`` cleans up (its lab, its children) as on Ctrl-C."""
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class RunFailed(Exception):
     """A benchmark's run failed: a child said ``fatal``, exited early, or a wait
     timed out.  The message says which child, why, and the end of its log."""

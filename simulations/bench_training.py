@@ -111,7 +111,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -124,7 +123,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from p2pdl import netlab  # noqa: E402
-from simulations._harness import CpuMeter, RunFailed, Supervisor, cores  # noqa: E402
+from simulations._harness import (  # noqa: E402
+    CpuMeter,
+    RunFailed,
+    Supervisor,
+    cores,
+    netlab_unavailable,
+    sigterm_as_interrupt,
+)
 
 BENCHMARK = "training: 2-peer DeDLOC swarm vs solo, netlab"
 PEERS = 2
@@ -575,13 +581,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def unavailable() -> str | None:
     """Why the lab cannot run here (None: it can)."""
-    if os.geteuid() != 0:
-        return "bench_training needs root (network namespaces, tc, nft)"
-    missing = [p for p in ("ip", "tc", "nft") if shutil.which(p) is None]
-    if missing:
-        return f"missing programs: {', '.join(missing)} (Debian packages iproute2, nftables)"
-    ok, reason = netlab.available()
-    return None if ok else f"netlab unavailable: {reason}"
+    return netlab_unavailable("bench_training")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -605,18 +605,12 @@ def main(argv: list[str] | None = None) -> int:
                           "solo_samples_s_sum": None, "efficiency": None, "peers": PEERS,
                           "link_mbit_s": args.link_mbit}))
         return 2
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt("SIGTERM")
-
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        result = run(args)
+        with sigterm_as_interrupt():
+            result = run(args)
     except KeyboardInterrupt:
         print(json.dumps({"benchmark": BENCHMARK, "error": "interrupted"}))
         return 130
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     print(json.dumps(result, indent=None if args.json_only else 2))
     return 1 if "error" in result else 0
 
