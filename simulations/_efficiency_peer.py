@@ -36,7 +36,6 @@ error ``{"event": "fatal", "error"}``.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from typing import Any
 
@@ -90,7 +89,7 @@ def left(args: argparse.Namespace, what: str) -> float:
 def stop_requested() -> bool:
     """Whether the parent said stop (or closed stdin), without waiting."""
     try:
-        command = harness.read_command(0.001)   # (0 would time out before it looked)
+        command = harness.read_command(0)
     except TimeoutError:
         return False
     return command is None or command["command"] == "stop"
@@ -147,11 +146,7 @@ def train_solo(args: argparse.Namespace, model: Any, inner: Any, batches: Any,
     samples = steps = 0
     while not stop_requested():
         left(args, "training alone")
-        if time.time() >= next_eval:
-            now = time.time()
-            harness.emit("eval", rank=args.rank, t=now - began,
-                         loss=evaluate(model, held_out), epoch=steps)
-            next_eval = now + args.eval_every
+        next_eval = evaluate_when_due(args, model, held_out, began, next_eval, steps)
         model.loss(next(batches)).backward()
         inner.step()
         inner.zero_grad()
@@ -161,6 +156,17 @@ def train_solo(args: argparse.Namespace, model: Any, inner: Any, batches: Any,
                  bytes_received=0, samples=samples, steps=steps, epoch=steps, counters={},
                  rounds=[])
     harness.wait_command("stop", left(args, "waiting for exit"))
+
+
+def evaluate_when_due(args: argparse.Namespace, model: Any, held_out: list[Any],
+                      began: float, due: float, epoch: int) -> float:
+    """Rank 0, once ``due`` (a time): the held-out loss as an ``eval`` event
+    (``t`` from ``began``); when the next one is due."""
+    now = time.time()
+    if args.rank != 0 or now < due:
+        return due
+    harness.emit("eval", rank=0, t=now - began, loss=evaluate(model, held_out), epoch=epoch)
+    return now + args.eval_every
 
 
 def evaluate(model: Any, held_out: list[Any]) -> float:
@@ -190,11 +196,8 @@ def train(args: argparse.Namespace, opt: Any, model: Any, batches: Any,
         left(args, f"training at epoch {opt.local_epoch}")
         if stop_requested():
             break
-        if args.rank == 0 and time.time() >= next_eval:
-            now = time.time()
-            harness.emit("eval", rank=0, t=now - began, loss=evaluate(model, held_out),
-                         epoch=opt.local_epoch)
-            next_eval = now + args.eval_every
+        next_eval = evaluate_when_due(args, model, held_out, began, next_eval,
+                                      opt.local_epoch)
         loss = model.loss(next(batches))
         loss.backward()
         opt.step()
@@ -217,17 +220,7 @@ def train(args: argparse.Namespace, opt: Any, model: Any, batches: Any,
 
 def main() -> None:
     args = parse_args()
-    import torch
-
-    torch.set_num_threads(1)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
-    import logging
-
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format=f"rank {args.rank} %(asctime)s %(name)s %(levelname)s %(message)s")
+    harness.peer_process(args.rank)
     with harness.reporting(rank=args.rank):
         run(args)
 

@@ -154,22 +154,40 @@ class _StdinLines:
                 if self._eof:
                     line, self._buffer = self._buffer, b""
                     return line.decode() if line else None
-                left = None if end is None else end - time.monotonic()
-                if left is not None and left <= 0:
-                    raise TimeoutError(f"nothing from the parent within {timeout:g} s")
+                left = None if end is None else max(0.0, end - time.monotonic())
                 ready, _, _ = select.select([self._fd], [], [], left)
-                if ready:
+                if ready:   # (looked at least once, even with a timeout of 0)
                     chunk = os.read(self._fd, 1 << 16)
                     if chunk:
                         self._buffer += chunk
                     else:
                         self._eof = True
+                elif end is not None and time.monotonic() >= end:
+                    raise TimeoutError(f"nothing from the parent within {timeout:g} s")
             line, _, self._buffer = self._buffer.partition(b"\n")
             return line.decode()
 
 
 _stdin = _StdinLines()
 _stdout_lock = threading.Lock()
+
+
+def peer_process(rank: int) -> None:
+    """A training peer process's setup, before its work starts: torch on one
+    thread (intra- and inter-op: peers share the machine's cores), and the
+    logs of WARNING and above on stderr (the child's log), each line with
+    ``rank``."""
+    import logging
+
+    import torch
+
+    torch.set_num_threads(1)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:   # some torch call already started the inter-op pool
+        pass
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
+                        format=f"rank {rank} %(asctime)s %(name)s %(levelname)s %(message)s")
 
 
 def emit(event: str, **fields: Any) -> None:

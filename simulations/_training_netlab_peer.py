@@ -389,17 +389,7 @@ def main() -> None:
     if args.core is not None:
         os.sched_setaffinity(0, {args.core})
     args.priority = prioritize(args.nice)
-    import torch
-
-    torch.set_num_threads(1)
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:
-        pass
-    import logging
-
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format=f"rank {args.rank} %(asctime)s %(name)s %(levelname)s %(message)s")
+    harness.peer_process(args.rank)
     with harness.reporting(rank=args.rank):
         if args.mode == "solo":
             run_solo(args)

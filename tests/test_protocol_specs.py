@@ -41,6 +41,12 @@ from p2pdl.averaging.matchmaking import config as mm_config
 from p2pdl.dht import DHT_PROTOCOL_ID, GROUP_PREFIX, DHTConfig, GroupMember, RoutingTable
 from p2pdl.dht import _messages as dht_messages
 from p2pdl.dht import config as dht_config
+from p2pdl.dht._relays import (
+    MAX_RELAY_CANDIDATES,
+    MAX_RELAYS_HANDED,
+    RELAY_RETRY,
+    RELAYS_GROUP,
+)
 from p2pdl.dht._service import (
     MAINTENANCE_TICK,
     MAX_BACKGROUND_SENDS,
@@ -202,6 +208,11 @@ def test_dht_definitions_match_the_code():
     assert number(rows["MIN_BOOTSTRAP_SPACING"]) == MIN_BOOTSTRAP_SPACING
     assert number(rows["REPUBLISH_CONCURRENCY"]) == REPUBLISH_CONCURRENCY
     assert number(rows["MAX_BACKGROUND_SENDS"]) == MAX_BACKGROUND_SENDS
+    assert rows["RELAYS_GROUP"] == f"`{RELAYS_GROUP}`"
+    assert rows["relay_directory"] == str(defaults.relay_directory).lower()
+    for name, value in (("MAX_RELAY_CANDIDATES", MAX_RELAY_CANDIDATES),
+                        ("MAX_RELAYS_HANDED", MAX_RELAYS_HANDED), ("RELAY_RETRY", RELAY_RETRY)):
+        assert number(rows[name]) == value, name
     table = inspect.signature(RoutingTable).parameters
     for field in ("replacement_cache", "max_failures"):
         assert number(rows[field]) == table[field].default, field

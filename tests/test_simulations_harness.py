@@ -148,6 +148,28 @@ def test_a_child_waiting_for_a_command_gives_up_at_its_timeout():
 
 
 @pytest.mark.timeout(10)
+def test_a_zero_timeout_looks_once_for_a_command_already_sent():
+    code = """
+        import time
+        with h.reporting():
+            try:
+                h.read_command(0)
+                h.emit("early", seen=True)
+            except TimeoutError:
+                h.emit("early", seen=False)
+            h.emit("asked")
+            time.sleep(0.5)   # the parent's "go" is waiting by now
+            h.emit("done", command=h.read_command(0)["command"])
+    """
+    with Supervisor(timeout=8, exit_grace=2) as sup:
+        sup.start(child(code))
+        assert sup.wait_all("early")[0]["seen"] is False
+        sup.wait_all("asked")
+        sup.send("go")
+        assert sup.wait_all("done")[0]["command"] == "go"
+
+
+@pytest.mark.timeout(10)
 def test_a_timeout_kills_every_child_and_what_they_started():
     # Each child starts a grandchild, ignores SIGTERM and never answers: the
     # supervisor must escalate to SIGKILL and take the whole process group.

@@ -52,6 +52,7 @@ IO_MODULES = {
     "p2pdl.averaging.allreduce": {"_accusing", "_disputes", "_exchange", "_reducing",
                                   "_sending", "_session"},
     "p2pdl.statesync": {"_fetcher"},
+    "p2pdl.dht": {"_relaying"},
 }
 #: The longest a ``_service.py`` may be (lines): wiring of one protocol, not its logic.
 MAX_SERVICE_LINES = 700

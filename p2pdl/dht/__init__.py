@@ -16,6 +16,10 @@ validates what it sees.  Reach it as ``node.dht``.  Modules:
   and which run a key belongs to; the group records (sans-IO).
 * ``_service`` -- :class:`DHTService`: the queries and lookups on the wire,
   store/get, bootstrap, refresh, republish, expiry, groups.
+* ``_relays`` -- :class:`RelayDirectory`: when a relay announces itself in the
+  DHT, when a node that wants relays looks them up, which it hands to its
+  host (sans-IO).
+* ``_relaying`` -- :class:`RelayFinder`: the relay directory on trio.
 
 The sans-IO parts also drive the 10,000-peer simulator
 (``simulations/dht_scale.py``).  py-libp2p's ``kad_dht`` is not used: its

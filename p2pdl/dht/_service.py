@@ -35,6 +35,7 @@ from ._keys import distance, key_of
 from ._lookup import Lookup
 from ._messages import DHT_PROTOCOL, TARGET_SIZE, FindNode, FindValue, Nodes, Store, Stored, Value
 from ._records import Item, Record, RecordStore
+from ._relaying import RelayFinder
 from ._routing import Contact, RoutingTable
 from ._state import (
     GROUP_PREFIX,
@@ -46,9 +47,10 @@ from ._state import (
     ValueWithExpiration,
     batches,
     check_key,
+    group_peers,
     to_wire,
 )
-from ._validation import Schema, owned_subkey, owner_of
+from ._validation import Schema, owned_subkey
 from .config import MAX_PEER_ADDRS, DHTConfig
 
 __all__ = ["DHTService", "DHTStatistics", "ValueWithExpiration", "GroupPeer", "GROUP_PREFIX",
@@ -92,6 +94,9 @@ class DHTStatistics(Statistics):
     invalid_items_received: int = 0
     republished: int = 0
     replicas_resent: int = 0
+    relay_announcements: int = 0
+    relay_lookups: int = 0
+    relays_found: int = 0
 
 
 #: The counters of :class:`DHTStatistics`.
@@ -132,6 +137,7 @@ class DHTService:
         #: where a store's replica sends go on once it returned (while serve runs)
         self._background: trio.Nursery | None = None
         self._background_sends = 0
+        self._relays = RelayFinder(self, host, reachability, config, state.counters)
 
     # -- what the node and the layers above read --------------------------------
 
@@ -273,19 +279,10 @@ class DHTService:
         Their addresses are handed to the host, so that ``node.call`` and
         ``node.open_stream`` reach them by peer id.
         """
-        found = await self.get(GROUP_PREFIX + group, latest=True)
-        if found is None or not found.dictionary:
-            return []
-        peers = []
-        for subkey, entry in found.value.items():
-            owner = owner_of(subkey)
-            member = entry.value
-            if owner is None or not isinstance(member, GroupMember):
-                continue  # the schema makes this impossible; defensive
-            if owner != self._peer_id:
-                self._host.add_addrs(owner, member.addrs)
-            peers.append(GroupPeer(owner, member.addrs, member.client_mode, entry.expiration))
-        peers.sort(key=lambda p: p.peer_id.to_bytes())
+        peers = group_peers(await self.get(GROUP_PREFIX + group, latest=True))
+        for peer in peers:
+            if peer.peer_id != self._peer_id:
+                self._host.add_addrs(peer.peer_id, peer.addrs)
         return peers
 
     # -- building and storing items -----------------------------------------------
@@ -598,6 +595,8 @@ class DHTService:
         async with trio.open_nursery() as nursery:
             self._background = nursery
             try:
+                if self._config.relay_directory:
+                    nursery.start_soon(self._relays.serve)
                 await self._maintain(task_status)
             finally:
                 self._background = None

@@ -57,6 +57,7 @@ from .config import (
 )
 
 __all__ = ["DHTState", "ValueWithExpiration", "GroupPeer", "GroupMember", "GROUP_PREFIX",
+           "group_peers",
            "GROUP_SCHEMA", "batches", "to_wire", "check_key", "check_remote_key",
            "valid_peer_id", "StoreTally"]
 
@@ -100,6 +101,20 @@ class GroupPeer:
     addrs: tuple[str, ...]
     client_mode: bool
     expiration: float
+
+
+def group_peers(found: ValueWithExpiration[Any] | None) -> list[GroupPeer]:
+    """The members of a group as a get of its key found them (by peer id)."""
+    if found is None or not found.dictionary:
+        return []
+    peers = []
+    for subkey, entry in found.value.items():
+        owner = owner_of(subkey)
+        member = entry.value
+        if owner is None or not isinstance(member, GroupMember):
+            continue  # the schema makes this impossible; defensive
+        peers.append(GroupPeer(owner, member.addrs, member.client_mode, entry.expiration))
+    return sorted(peers, key=lambda p: p.peer_id.to_bytes())
 
 
 #: A republish job: the key, its items, and the counter it adds to.

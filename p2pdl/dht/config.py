@@ -73,6 +73,19 @@ class DHTConfig:
         max_keys: keys a node stores for others at most.  Default 10,000.
         max_storage_bytes: bytes a node stores for the DHT at most (value,
             signature and subkey bytes of every item).  Default 64 MiB.
+        relay_directory: relays found through the DHT (protocols/dht.md,
+            The relay directory).  A node that serves circuit relay v2
+            (``HostConfig.relay_service``) and is publicly reachable
+            announces itself in the group ``RELAYS_GROUP``; a node that wants
+            relays (not known to be public) looks the group up and hands the
+            relays found, at most MAX_RELAY_CANDIDATES a lookup and
+            MAX_RELAYS_HANDED in all, to its host as reservation candidates
+            beside its initial peers.  Default True.
+        relay_ttl: lifetime of a relay's entry; it is announced again once
+            half of it has passed.  Default 600 s.
+        relay_lookup_interval: how often a node that wants relays and holds
+            fewer reservations than ``HostConfig.relay_reservations`` looks
+            the group up again.  Default 60 s.
     """
 
     mode: Literal["auto", "server", "client"] = "auto"
@@ -93,6 +106,9 @@ class DHTConfig:
     max_subkeys: int = 1024
     max_keys: int = 10_000
     max_storage_bytes: int = 64 * 1024 * KiB
+    relay_directory: bool = True
+    relay_ttl: float = 600.0
+    relay_lookup_interval: float = 60.0
 
     def __post_init__(self) -> None:
         def check(ok: bool, what: str) -> None:
@@ -107,7 +123,7 @@ class DHTConfig:
               f"replication must be in 1..{MAX_CLOSER_PEERS}")
         check(1 <= self.store_quorum, "store_quorum must be at least 1")
         for name in ("query_timeout", "operation_timeout", "refresh_interval",
-                     "republish_interval", "max_ttl"):
+                     "republish_interval", "max_ttl", "relay_ttl", "relay_lookup_interval"):
             check(getattr(self, name) > 0, f"{name} must be positive")
         check(1 <= self.max_value_size <= MAX_VALUE_SIZE,
               f"max_value_size must be in 1..{MAX_VALUE_SIZE}")

@@ -228,6 +228,17 @@ class Host:
         """Hold relay reservations (not known to be public) or not (public)."""
         self._reservations.set_wanted(wanted)
 
+    @property
+    def wants_relays(self) -> bool:
+        """Whether the host holds relay reservations (``set_wants_relays``, and
+        ``HostConfig.use_relays``)."""
+        return self._reservations.wanted
+
+    def relay_candidates(self) -> list[PeerInfo]:
+        """The relays the host may reserve on: its initial peers and those
+        added since (``add_relay_candidates``)."""
+        return self._reservations.book.candidates()
+
     def relay_reservations(self) -> list[ID]:
         return self._reservations.active()
 

@@ -81,6 +81,10 @@ class Reservations:
     def candidates(self) -> list[PeerInfo]:
         return self.book.candidates()
 
+    @property
+    def wanted(self) -> bool:
+        return self._wanted
+
     def set_wanted(self, wanted: bool) -> None:
         wanted = wanted and self._config.use_relays
         if wanted != self._wanted:

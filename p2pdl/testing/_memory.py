@@ -309,6 +309,7 @@ class MemoryHost:
         self._changed = trio.Event()
         self._alive = True
         self._wants_relays = config.use_relays
+        self._relay_candidates: list[PeerInfo] = []
         self.address = network._join(self)
 
     # -- identity and addresses -----------------------------------------------------
@@ -605,7 +606,13 @@ class MemoryHost:
     # -- relays (none in memory) ------------------------------------------------------
 
     def add_relay_candidates(self, addresses: list[PeerInfo]) -> None:
-        """Memory hosts use no relays: ignored."""
+        """Recorded (``relay_candidates``), but memory hosts hold no reservations."""
+        known = {info.peer_id for info in self._relay_candidates}
+        self._relay_candidates += [info for info in addresses
+                                   if info.peer_id not in known and info.peer_id != self.peer_id]
+
+    def relay_candidates(self) -> list[PeerInfo]:
+        return list(self._relay_candidates)
 
     def set_wants_relays(self, wanted: bool) -> None:
         """Recorded (``wants_relays``), but memory hosts hold no reservations."""

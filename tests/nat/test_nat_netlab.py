@@ -145,6 +145,20 @@ async def test_symmetric_nats_stay_relayed_and_keep_working(lab):
             assert await b.command("ping", peer=a.peer_id) < 5
 
 
+async def test_a_private_peer_reserves_on_a_relay_it_found_in_the_dht(lab):
+    """A's only initial peer P is no relay; relay R joined through P and
+    announced itself in the DHT, where A finds it and reserves on it."""
+    p_host, r_host = lab.add_public_host("plain"), lab.add_public_host("relay")
+    a_host = lab.add_private_host("a", behind=lab.add_nat("nat1"))
+    async with agent(p_host) as p:
+        p_addr = address(p, p_host)
+        async with agent(r_host, "--relay", "--initial-peers", p_addr) as r:
+            await status_is(r, "reachability", "public", timeout=60)
+            async with agent(a_host, "--initial-peers", p_addr, "--no-hole-punching") as a:
+                await status_is(a, "reservations", [r.peer_id], timeout=90)
+                assert f"/p2p/{r.peer_id}/p2p-circuit/p2p/{a.peer_id}" in await circuit_of(a)
+
+
 async def test_relay_dies_and_the_peer_is_reached_through_another(lab):
     """(d) R1 is killed: A reserves on R2 and B reaches A again, in bounded time."""
     r1_host, r2_host = lab.add_public_host("relay1"), lab.add_public_host("relay2")

@@ -22,7 +22,47 @@ def test_bench_efficiency_refuses_unknown_modes_in_one_line():
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
         "--modes: unknown warp; known: solo, dedloc_fp16, diloco, diloco_int4, diloco_topk, "
-        "diloco_overlapped"]
+        "diloco_overlapped, hivemind, hivemind_local"]
+
+
+def _row(mode: str, system: str, reached: float | None, last: float,
+         bytes_per_peer: int = 1000) -> dict:
+    return {"mode": mode, "system": system, "reached": reached is not None,
+            "time_to_loss_s": reached, "seconds": last + 1, "bytes_per_peer": bytes_per_peer,
+            "evals": [[0.0, 5.0], [last, 2.4 if reached else 3.0]],
+            "round_s_median": None}
+
+
+def _summary(rows: list[dict]) -> dict:
+    sys.path.insert(0, str(BENCH.parents[1]))
+    try:
+        from simulations.bench_efficiency import summarize
+    finally:
+        sys.path.remove(str(BENCH.parents[1]))
+    out = {"rows": rows, "notes": []}
+    summarize(out)
+    return out
+
+
+def test_hivemind_is_compared_with_p2pdls_fastest_mode_only():
+    out = _summary([_row("solo", "p2pdl", 5.0, 5.0), _row("diloco", "p2pdl", 20.0, 20.0),
+                    _row("diloco_int4", "p2pdl", 16.0, 16.0),
+                    _row("hivemind", "hivemind", None, 300.0),
+                    _row("hivemind_local", "hivemind", 64.0, 64.0)])
+    # solo is not a swarm mode, and hivemind's rows are not p2pdl's
+    assert out["best_time_mode"] == "diloco_int4"
+    assert out["hivemind_best_mode"] == "hivemind_local"
+    assert out["best_vs_hivemind_time"] == 4.0
+    assert "best_vs_hivemind_time_at_least" not in out
+
+
+def test_a_hivemind_that_never_reached_the_loss_gives_a_lower_bound():
+    out = _summary([_row("diloco", "p2pdl", 20.0, 20.0),
+                    _row("hivemind", "hivemind", None, 300.0),
+                    _row("hivemind_local", "hivemind", None, 310.0)])
+    assert out.get("best_vs_hivemind_time") is None
+    assert out["best_vs_hivemind_time_at_least"] == 15.0   # its last measurement, 300 s
+    assert any("lower bound" in note for note in out["notes"])
 
 
 @pytest.mark.slow
