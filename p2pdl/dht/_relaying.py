@@ -47,16 +47,22 @@ class RelayFinder:
                 serving = host_config.relay_service \
                     and self._reachability.reachability is Reachability.PUBLIC
                 if directory.announce_due(trio.current_time(), serving):
-                    ok = await self._dht.announce(RELAYS_GROUP,
-                                                  self._dht.now() + self._config.relay_ttl)
-                    directory.announced(trio.current_time(), ok)
-                    self._counters["relay_announcements"] += 1
+                    await self._announce()
                 wanted = self._host.wants_relays \
                     and len(self._host.relay_reservations()) < host_config.relay_reservations
                 if directory.lookup_due(trio.current_time(), wanted):
                     await self._look_up()
             with trio.move_on_after(RELAY_TICK):
                 await self._reachability.wait_changed()
+
+    async def _announce(self) -> None:
+        try:
+            ok = await self._dht.announce(RELAYS_GROUP, self._dht.now() + self._config.relay_ttl)
+        except P2PDLError as exc:
+            logger.debug("relay directory: the announcement failed: %s", exc)
+            ok = False
+        self._directory.announced(trio.current_time(), ok)
+        self._counters["relay_announcements"] += 1
 
     async def _look_up(self) -> None:
         try:
