@@ -237,7 +237,7 @@ class Host:
     def relay_candidates(self) -> list[PeerInfo]:
         """The relays the host may reserve on: its initial peers and those
         added since (``add_relay_candidates``)."""
-        return self._reservations.book.candidates()
+        return self._reservations.candidates()
 
     def relay_reservations(self) -> list[ID]:
         return self._reservations.active()
